@@ -1,0 +1,222 @@
+"""Multi-draft drafting schemes: how the n sibling drafts of a tree node are drawn.
+
+Every scheme is sequential: draft j is drawn from a *conditional* distribution
+q_j(. | x_1..x_{j-1}) derived from the node's draft distribution q.  The joint
+probability of an ordered draft tuple is the product of those conditionals, so
+it is explicit and enumerable - which is what makes verifiers provable.
+
+One convention covers distributions with fewer than n positive tokens (for
+example a one-hot q at temperature 0): once q has no mass left outside the
+tokens already drawn, the next draft is the lowest-index token not drawn yet,
+deterministically.  `exclude` implements it; every scheme and verifier uses it.
+
+All functions take q as a tensor [..., V] (a batch of nodes) and drafts as a
+LongTensor [..., n].
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = [
+    "DraftScheme", "SCHEMES", "get", "names", "exclude", "top_tokens",
+]
+
+
+def exclude(q: torch.Tensor, drawn: torch.Tensor) -> torch.Tensor:
+    """q restricted to tokens not in the boolean mask `drawn`, renormalised.
+
+    Where no mass is left, the result is one-hot on the lowest-index token
+    that is not drawn (the fill convention of this module).
+    """
+    rest = q.masked_fill(drawn, 0.0)
+    mass = rest.sum(-1, keepdim=True)
+    first_free = (~drawn).to(torch.int8).argmax(-1, keepdim=True)
+    fill = torch.zeros_like(q).scatter_(-1, first_free, 1.0)
+    return torch.where(mass > 0, rest / mass.clamp_min(torch.finfo(q.dtype).tiny), fill)
+
+
+def top_tokens(q: torch.Tensor, k: int) -> torch.Tensor:
+    """The k most probable tokens in decreasing order, ties broken by lowest index."""
+    if k == 0:
+        return q.new_zeros(q.shape[:-1] + (0,), dtype=torch.long)
+    values, indices = torch.topk(q, k, dim=-1)
+    # topk does not promise an order among equal values: recover the
+    # lowest-index rule exactly, falling back to a stable sort when a tie
+    # crosses the cut.
+    threshold = values[..., -1:]
+    crosses = (q >= threshold).sum(-1) != k
+    if bool(crosses.any()):
+        order = torch.sort(q, dim=-1, descending=True, stable=True).indices[..., :k]
+        indices = torch.where(crosses.unsqueeze(-1), order, indices)
+    key = torch.sort(indices, dim=-1).values
+    ordered = torch.sort(q.gather(-1, key), dim=-1, descending=True, stable=True).indices
+    return key.gather(-1, ordered)
+
+
+def _mask_of(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
+    mask = torch.zeros(tokens.shape[:-1] + (vocab,), dtype=torch.bool, device=tokens.device)
+    return mask.scatter_(-1, tokens, True)
+
+
+def _sample(dist: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One token per row of dist [..., V]."""
+    flat = dist.reshape(-1, dist.shape[-1])
+    return torch.multinomial(flat, 1, generator=generator).reshape(dist.shape[:-1])
+
+
+def _check_n(n: int, vocab: int, distinct: bool) -> None:
+    if n < 1:
+        raise ValueError(f"number of drafts must be at least 1, got {n}")
+    if distinct and n > vocab:
+        raise ValueError(f"cannot draw {n} distinct drafts from a vocabulary of {vocab}: use n <= {vocab}")
+
+
+class DraftScheme:
+    """Interface: subclasses define `sample_batch` and `probabilities`."""
+
+    name: str = ""
+    distinct: bool = True  # drafts are distinct tokens
+    reference: str = ""
+
+    def sample_batch(self, q: torch.Tensor, n: int, generator=None) -> torch.Tensor:
+        raise NotImplementedError
+
+    def probabilities(self, q: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def check(self, n: int, vocab: int) -> None:
+        _check_n(n, vocab, self.distinct)
+
+    def sample(self, q: torch.Tensor, n: int, generator: torch.Generator | None = None) -> torch.Tensor:
+        """An ordered draft tuple LongTensor[n] for one node's q [V]."""
+        self.check(n, q.shape[-1])
+        return self.sample_batch(q.unsqueeze(0), n, generator)[0]
+
+    def probability(self, q: torch.Tensor, drafts) -> float:
+        """Probability of the ordered tuple `drafts` under this scheme."""
+        drafts = torch.as_tensor(drafts, dtype=torch.long, device=q.device)
+        return float(self.probabilities(q.unsqueeze(0), drafts.unsqueeze(0))[0])
+
+    def __repr__(self) -> str:
+        return f"<drafting scheme {self.name}>"
+
+
+class WithReplacement(DraftScheme):
+    name = "with_replacement"
+    distinct = False
+    reference = "i.i.d. drafts from q (SpecTr, Sun et al. 2023; RRS, Chen et al. 2023)"
+
+    def sample_batch(self, q, n, generator=None):
+        self.check(n, q.shape[-1])
+        flat = q.reshape(-1, q.shape[-1])
+        return torch.multinomial(flat, n, replacement=True, generator=generator).reshape(q.shape[:-1] + (n,))
+
+    def probabilities(self, q, drafts):
+        return q.gather(-1, drafts).prod(-1)
+
+
+class WithoutReplacement(DraftScheme):
+    name = "without_replacement"
+    reference = "sequential draws without replacement, as torch.multinomial(replacement=False) (Jeon et al. 2024)"
+
+    def sample_batch(self, q, n, generator=None):
+        self.check(n, q.shape[-1])
+        # Exponential race: token i arrives at Exp(1)/q_i; arrival order is
+        # sequential sampling without replacement.  Tokens with q = 0 never
+        # arrive; the fill convention orders them by index.
+        clocks = torch.empty_like(q).exponential_(generator=generator)
+        arrival = torch.where(q > 0, clocks / q, float("inf"))
+        drafts = torch.topk(arrival, n, dim=-1, largest=False).indices
+        short = (q > 0).sum(-1) < n
+        if bool(short.any()):
+            stable = torch.sort(arrival, dim=-1, stable=True).indices[..., :n]
+            drafts = torch.where(short.unsqueeze(-1), stable, drafts)
+        return drafts
+
+    def probabilities(self, q, drafts):
+        drawn = torch.zeros_like(q, dtype=torch.bool)
+        prob = torch.ones(q.shape[:-1], dtype=q.dtype, device=q.device)
+        for j in range(drafts.shape[-1]):
+            x = drafts[..., j : j + 1]
+            prob = prob * exclude(q, drawn).gather(-1, x).squeeze(-1)
+            drawn = drawn.scatter(-1, x, True)
+        return prob
+
+
+class Greedy(DraftScheme):
+    name = "greedy"
+    reference = "Top-(n-1) of q plus one draw from the rest (Hu et al. 2025, 'Towards Optimal MDSD', sec. 5)"
+
+    def sample_batch(self, q, n, generator=None):
+        self.check(n, q.shape[-1])
+        top = top_tokens(q, n - 1)
+        last = _sample(exclude(q, _mask_of(top, q.shape[-1])), generator)
+        return torch.cat([top, last.unsqueeze(-1)], -1)
+
+    def probabilities(self, q, drafts):
+        n = drafts.shape[-1]
+        top = top_tokens(q, n - 1)
+        is_top = (drafts[..., : n - 1] == top).all(-1)
+        rest = exclude(q, _mask_of(top, q.shape[-1]))
+        return torch.where(is_top, rest.gather(-1, drafts[..., n - 1 :]).squeeze(-1), 0.0)
+
+
+class SpecHub(DraftScheme):
+    name = "spechub"
+    reference = "SpecHub, Sun et al. 2024 (EMNLP): a = argmax q, x1 ~ q, x2 = a or a draw from q without a"
+
+    def check(self, n, vocab):
+        if n != 2:
+            raise ValueError(f"spechub draws exactly 2 drafts per node, got n={n}: use a tree with 2 children per node")
+        _check_n(n, vocab, True)
+
+    def sample_batch(self, q, n, generator=None):
+        self.check(n, q.shape[-1])
+        a = top_tokens(q, 1).squeeze(-1)
+        first = _sample(q, generator)
+        other = _sample(exclude(q, _mask_of(a.unsqueeze(-1), q.shape[-1])), generator)
+        second = torch.where(first == a, other, a)
+        return torch.stack([first, second], -1)
+
+    def probabilities(self, q, drafts):
+        a = top_tokens(q, 1)
+        rest = exclude(q, _mask_of(a, q.shape[-1]))
+        a = a.squeeze(-1)
+        x1, x2 = drafts[..., 0], drafts[..., 1]
+        q_a = q.gather(-1, a.unsqueeze(-1)).squeeze(-1)
+        first_is_a = q_a * rest.gather(-1, x2.unsqueeze(-1)).squeeze(-1)
+        second_is_a = q.gather(-1, x1.unsqueeze(-1)).squeeze(-1)
+        return torch.where(x1 == a, torch.where(x2 != a, first_is_a, 0.0),
+                           torch.where(x2 == a, second_is_a, 0.0))
+
+
+class TopK(DraftScheme):
+    name = "topk"
+    reference = "the n most probable tokens of q, deterministic (EAGLE at T=0, EAGLE-2, OPT-Tree)"
+
+    def sample_batch(self, q, n, generator=None):
+        self.check(n, q.shape[-1])
+        return top_tokens(q, n)
+
+    def probabilities(self, q, drafts):
+        return (drafts == top_tokens(q, drafts.shape[-1])).all(-1).to(q.dtype)
+
+
+SCHEMES: dict[str, DraftScheme] = {
+    s.name: s for s in (WithReplacement(), WithoutReplacement(), Greedy(), SpecHub(), TopK())
+}
+
+
+def names() -> list[str]:
+    return list(SCHEMES)
+
+
+def get(name: str | DraftScheme) -> DraftScheme:
+    """The drafting scheme called `name`."""
+    if isinstance(name, DraftScheme):
+        return name
+    try:
+        return SCHEMES[name]
+    except KeyError:
+        raise ValueError(f"unknown drafting scheme {name!r}: choose one of {', '.join(SCHEMES)}") from None
