@@ -15,7 +15,6 @@ Batch convention: p, q are [..., V], drafts [..., n]; leading dims broadcast.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from . import drafting
@@ -28,6 +27,8 @@ def _positive_part_normalised(x: torch.Tensor, fallback: torch.Tensor) -> torch.
     """norm((x)_+) where it has mass; `fallback` where it has none (that branch has probability 0)."""
     pos = x.clamp_min(0.0)
     mass = pos.sum(-1, keepdim=True)
+    if bool((mass > 0).all()):
+        return pos / mass
     return torch.where(mass > 0, pos / mass.clamp_min(torch.finfo(x.dtype).tiny), fallback)
 
 
@@ -41,8 +42,9 @@ def _take(x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     return x.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
-def _delta(like: torch.Tensor, tokens: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    return torch.zeros_like(like).scatter_add_(-1, tokens.unsqueeze(-1), weight.unsqueeze(-1))
+def _mix(drafts: torch.Tensor, weights: torch.Tensor, rest_weight: torch.Tensor, rest: torch.Tensor):
+    """sum_j weights_j delta_{x_j} + rest_weight * rest: a plan from its parts."""
+    return (rest_weight.unsqueeze(-1) * rest).scatter_add_(-1, drafts, weights)
 
 
 def _broadcast(p, q, drafts):
@@ -69,9 +71,7 @@ class Verifier:
 
     def sample_batch(self, p, q, drafts, generator=None) -> torch.Tensor:
         """One output token per node: a LongTensor with the batch shape."""
-        plan = self.plan(p, q, drafts)
-        flat = plan.reshape(-1, plan.shape[-1])
-        return torch.multinomial(flat, 1, generator=generator).reshape(plan.shape[:-1])
+        return drafting.draw(self.plan(p, q, drafts), 1, generator).squeeze(-1)
 
     def sample(self, p, q, drafts, generator: torch.Generator | None = None) -> int:
         return int(self.sample_batch(p, q, drafts, generator).reshape(-1)[0])
@@ -97,69 +97,79 @@ class RecursiveRejection(Verifier):
         self.reference = reference
 
     def _plan(self, p, q, drafts):
+        n = drafts.shape[-1]
+        conditionals = drafting.without_drafts(q, drafts) if self.without_replacement else (q for _ in range(n))
         residual = p
-        drawn = torch.zeros_like(q, dtype=torch.bool)
-        out = torch.zeros_like(p)
+        weights = []
         still_rejected = torch.ones(p.shape[:-1], dtype=p.dtype, device=p.device)
-        for j in range(drafts.shape[-1]):
+        for j, q_j in enumerate(conditionals):
             x = drafts[..., j]
-            q_j = exclude(q, drawn) if self.without_replacement else q
             accept = _ratio(_take(residual, x), _take(q_j, x))
-            out = out + _delta(out, x, still_rejected * accept)
+            weights.append(still_rejected * accept)
             still_rejected = still_rejected * (1.0 - accept)
             residual = _positive_part_normalised(residual - q_j, residual)
-            if self.without_replacement:
-                drawn = drawn.scatter(-1, x.unsqueeze(-1), True)
-        return out + still_rejected.unsqueeze(-1) * residual
+        return _mix(drafts, torch.stack(weights, -1), still_rejected, residual)
 
 
-def _solve_rho_row(p: np.ndarray, q: np.ndarray, n: int) -> float:
+def _solve_rho_row(p: torch.Tensor, q: torch.Tensor, n: int) -> float:
     """The K-SEQ rho* in [1, n]: root of h(rho) = 1 - (1 - beta)^n - rho * beta.
 
     beta(rho) = sum_x min(q, p / rho) is piecewise of the form Q_A + P_B / rho,
-    the pieces changing where rho crosses a ratio p/q.  We locate the piece
-    holding the root from the sorted ratios in (1, n) and bisect inside it,
-    where h is an explicit scalar function: exact to float precision.
+    A = {x : p/q >= rho}, the pieces changing where rho crosses a ratio p/q.
+    Eight bisection steps on the full h narrow the bracket [1, n] to 1/128
+    of its width (in the input precision); the few ratios left inside are sorted to find the piece
+    holding the root, and inside it h is an explicit scalar function,
+    bisected to float precision.
     """
     if n == 1:
         return 1.0
-    support = q > 0
-    p_s, q_s = p[support], q[support]
-    ratio = p_s / q_s
-    always_a = ratio >= n
-    middle = (ratio > 1) & (ratio < n)
-    order = np.argsort(-ratio[middle], kind="stable")
-    r_mid, q_mid, p_mid = ratio[middle][order], q_s[middle][order], p_s[middle][order]
-    q_a = q_s[always_a].sum() + np.concatenate([[0.0], np.cumsum(q_mid)])
-    p_b = p_s.sum() - p_s[always_a].sum() - np.concatenate([[0.0], np.cumsum(p_mid)])
-    # Piece k: A = always_a plus the k largest middle ratios, rho in [low_k, high_k].
-    high = np.concatenate([[float(n)], r_mid])
-    low = np.concatenate([r_mid, [1.0]])
+    ratio = torch.where(q > 0, p / q.clamp_min(torch.finfo(q.dtype).tiny), 0.0)
 
-    def h(rho, k):
-        beta = q_a[k] + p_b[k] / rho
+    def h_coarse(rho):
+        beta = float(torch.minimum(q, p / rho).sum())
         return 1.0 - (1.0 - beta) ** n - rho * beta
 
-    left_values = h(low, np.arange(len(low)))
-    k = int(np.argmax(left_values >= 0)) if (left_values >= 0).any() else len(low) - 1
+    lo, hi = 1.0, float(n)
+    steps = 8 if p.shape[-1] > 64 else 0
+    for _ in range(steps):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if h_coarse(mid) >= 0 else (lo, mid)
+    if steps:  # a margin of one width absorbs rounding of h in low precision
+        width = hi - lo
+        lo, hi = max(1.0, lo - width), min(float(n), hi + width)
+    inside = ((ratio > lo) & (ratio < hi)).nonzero().squeeze(-1)
+    above = ratio >= hi
+    p_in, q_in = p[inside].double(), q[inside].double()
+    r_in, order = torch.sort(p_in / q_in, descending=True)
+    q_in, p_in = q_in[order], p_in[order]
+    zero = r_in.new_zeros(1)
+    p_b0 = float(torch.where(q > 0, p, 0.0).sum(dtype=torch.float64)) - float((p * above).sum(dtype=torch.float64))
+    q_a = float((q * above).sum(dtype=torch.float64)) + torch.cat([zero, q_in.cumsum(0)])
+    p_b = p_b0 - torch.cat([zero, p_in.cumsum(0)])
+    # Piece k: A = the tokens above plus the k largest ratios inside, rho in [low[k], high[k]].
+    high = torch.cat([r_in.new_tensor([hi]), r_in])
+    low = torch.cat([r_in, r_in.new_tensor([lo])])
+    beta_low = q_a + p_b / low
+    h_low = 1.0 - (1.0 - beta_low) ** n - low * beta_low
+    nonneg = h_low >= 0
+    k = int(nonneg.to(torch.int8).argmax()) if bool(nonneg.any()) else len(low) - 1
+    q_ak, p_bk = float(q_a[k]), float(p_b[k])
     lo, hi = float(low[k]), float(high[k])
-    for _ in range(200):
+    for _ in range(100):
         mid = 0.5 * (lo + hi)
         if mid in (lo, hi):
             break
-        if h(mid, k) >= 0:
-            lo = mid
-        else:
-            hi = mid
+        beta = q_ak + p_bk / mid
+        lo, hi = (mid, hi) if 1.0 - (1.0 - beta) ** n - mid * beta >= 0 else (lo, mid)
     return 0.5 * (lo + hi)
 
 
 def kseq_rho(p: torch.Tensor, q: torch.Tensor, n: int) -> torch.Tensor:
     """rho* for every node of a batch (p, q: [..., V]); float64 tensor of the batch shape."""
-    flat_p = p.detach().reshape(-1, p.shape[-1]).to("cpu", torch.float64).numpy()
-    flat_q = q.detach().reshape(-1, q.shape[-1]).to("cpu", torch.float64).numpy()
+    flat_p = p.detach().reshape(-1, p.shape[-1])
+    flat_q = q.detach().reshape(-1, q.shape[-1])
     rho = [_solve_rho_row(pr, qr, n) for pr, qr in zip(flat_p, flat_q)]
-    return torch.tensor(rho, dtype=torch.float64).reshape(p.shape[:-1]).to(p.device)
+    return torch.tensor(rho, dtype=torch.float64, device=p.device).reshape(p.shape[:-1])
 
 
 def kseq_beta(p: torch.Tensor, q: torch.Tensor, rho: torch.Tensor) -> torch.Tensor:
@@ -179,16 +189,19 @@ class KSeq(Verifier):
     reference = "K-SEQ, SpecTr (Sun et al. 2023); residual as in Hu et al. 2025, appendix A.2"
 
     def _plan(self, p, q, drafts):
-        rho = kseq_rho(p, q, drafts.shape[-1]).to(p.dtype)
+        batch = p.shape[:-1]
+        if all(stride == 0 for stride in p.stride()[:-1] + q.stride()[:-1]):
+            # One node verified against many draft tuples: solve rho once.
+            single = (0,) * len(batch)
+            rho = kseq_rho(p[single], q[single], drafts.shape[-1]).expand(batch).to(p.dtype)
+        else:
+            rho = kseq_rho(p, q, drafts.shape[-1]).to(p.dtype)
         scaled_q = rho.unsqueeze(-1) * q
-        out = torch.zeros_like(p)
-        still_rejected = torch.ones(p.shape[:-1], dtype=p.dtype, device=p.device)
-        for j in range(drafts.shape[-1]):
-            x = drafts[..., j]
-            accept = _ratio(_take(p, x), _take(scaled_q, x))
-            out = out + _delta(out, x, still_rejected * accept)
-            still_rejected = still_rejected * (1.0 - accept)
-        return out + still_rejected.unsqueeze(-1) * _positive_part_normalised(p - scaled_q, p)
+        accept = _ratio(p.gather(-1, drafts), scaled_q.gather(-1, drafts))  # independent coins
+        survive = torch.cumprod(1.0 - accept, -1)
+        before = torch.cat([torch.ones_like(survive[..., :1]), survive[..., :-1]], -1)
+        residual = _positive_part_normalised(p - scaled_q, p)
+        return _mix(drafts, before * accept, survive[..., -1], residual)
 
 
 class GreedyVerifier(Verifier):
@@ -210,7 +223,7 @@ class GreedyVerifier(Verifier):
         rest = exclude(q, top_mask)
         accept = _ratio(_take(p, last), _take(rest, last))
         residual = _positive_part_normalised(p - rest, p)
-        return _delta(p, last, accept) + (1.0 - accept).unsqueeze(-1) * residual
+        return _mix(last.unsqueeze(-1), accept.unsqueeze(-1), 1.0 - accept, residual)
 
 
 class SpecHubVerifier(Verifier):
@@ -246,9 +259,9 @@ class SpecHubVerifier(Verifier):
         unassigned = 1.0 - torch.minimum(p, rest).sum(-1)
         accept_a = _ratio(_take(p, a), unassigned)
         residual = _positive_part_normalised((p - rest).masked_fill(a_mask, 0.0), p)
-        after_i = (1.0 - accept_i).unsqueeze(-1)
-        return (_delta(p, i, accept_i)
-                + after_i * (_delta(p, a, accept_a) + (1.0 - accept_a).unsqueeze(-1) * residual))
+        after_i = 1.0 - accept_i
+        return _mix(torch.stack([i, a], -1), torch.stack([accept_i, after_i * accept_a], -1),
+                    after_i * (1.0 - accept_a), residual)
 
 
 class TopKVerifier(Verifier):

@@ -1,0 +1,150 @@
+"""Timing of the core on this machine: one node's drafting and verification, and alpha*.
+
+Results go to evaluation/results/ as JSON and a markdown table, stamped with
+the date and the machine.  Timings are medians over repeated calls after a
+warm-up; they are measurements, not assertions (see the README for goals).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from . import drafting, theory, verification
+
+VOCABS = (32000, 152064)
+DRAFT_COUNTS = tuple(range(2, 9))
+ALPHA_SCHEMES = ("with_replacement", "without_replacement", "greedy", "topk")
+
+
+def machine() -> dict:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "python": platform.python_version(), "platform": platform.platform()}
+
+
+def median_seconds(fn, repeats: int, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def node_distributions(vocab: int, seed: int = 0):
+    """A target p and a correlated draft q shaped like LLM next-token distributions."""
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(vocab, generator=gen) * 3.0
+    p = torch.softmax(logits, -1)
+    q = torch.softmax(logits + torch.randn(vocab, generator=gen), -1)
+    return p, q
+
+
+def time_node(vocabs=VOCABS, draft_counts=DRAFT_COUNTS, dtype=torch.float32) -> list[dict]:
+    rows = []
+    gen = torch.Generator().manual_seed(1)
+    for vocab in vocabs:
+        p, q = (x.to(dtype) for x in node_distributions(vocab))
+        repeats = 30 if vocab <= 50000 else 12
+        for scheme_name, verifier_name in verification.pairs():
+            scheme, verifier = drafting.get(scheme_name), verification.get(verifier_name)
+            for n in draft_counts:
+                if scheme.name == "spechub" and n != 2:
+                    continue
+                drafts = scheme.sample(q, n, gen)
+                rows.append({
+                    "vocab": vocab, "n": n, "scheme": scheme.name, "verifier": verifier.name,
+                    "dtype": str(dtype).replace("torch.", ""),
+                    "draft_ms": 1e3 * median_seconds(lambda: scheme.sample(q, n, gen), repeats),
+                    "verify_ms": 1e3 * median_seconds(lambda: verifier.sample(p, q, drafts, gen), repeats),
+                })
+    return rows
+
+
+def time_alpha(vocabs=VOCABS, draft_counts=DRAFT_COUNTS) -> list[dict]:
+    rows = []
+    for vocab in vocabs:
+        p, q = (x.double() for x in node_distributions(vocab))
+        for scheme in ALPHA_SCHEMES:
+            for n in draft_counts:
+                value = theory.optimal_acceptance(p, q, n, scheme)
+                seconds = median_seconds(lambda: theory.optimal_acceptance(p, q, n, scheme), 3, warmup=1)
+                rows.append({"vocab": vocab, "n": n, "scheme": scheme, "alpha_star": value, "seconds": seconds})
+    return rows
+
+
+def markdown(result: dict) -> str:
+    lines = [f"# Core benchmark, {result['date']}", "",
+             f"Machine: {result['machine']['cpu']}, {result['machine']['threads']} torch threads, "
+             f"torch {result['machine']['torch']}, Python {result['machine']['python']}.", "",
+             "One tree node, p and q in float32 (softmax of N(0, 9) logits, q with N(0, 1) noise added). "
+             "`verify` = the verifier's plan plus drawing its output token; `draft` = drawing the n drafts. "
+             "Medians in milliseconds.", ""]
+    for vocab in sorted({r["vocab"] for r in result["node"]}):
+        counts = sorted({r["n"] for r in result["node"] if r["vocab"] == vocab})
+        lines += [f"## V = {vocab}: verify (draft) ms", "",
+                  "| scheme | verifier | " + " | ".join(f"n={n}" for n in counts) + " |",
+                  "|---|---|" + "---|" * len(counts)]
+        pairs = dict.fromkeys((r["scheme"], r["verifier"]) for r in result["node"] if r["vocab"] == vocab)
+        for scheme, verifier in pairs:
+            cells = []
+            for n in counts:
+                row = next((r for r in result["node"] if (r["vocab"], r["n"], r["scheme"], r["verifier"])
+                            == (vocab, n, scheme, verifier)), None)
+                cells.append(f"{row['verify_ms']:.3f} ({row['draft_ms']:.3f})" if row else "-")
+            lines.append(f"| {scheme} | {verifier} | " + " | ".join(cells) + " |")
+        lines.append("")
+    lines += ["## alpha*: seconds (value)", "", "float64, same p and q.", ""]
+    for vocab in sorted({r["vocab"] for r in result["alpha"]}):
+        counts = sorted({r["n"] for r in result["alpha"] if r["vocab"] == vocab})
+        lines += [f"### V = {vocab}", "", "| scheme | " + " | ".join(f"n={n}" for n in counts) + " |",
+                  "|---|" + "---|" * len(counts)]
+        for scheme in ALPHA_SCHEMES:
+            cells = [f"{r['seconds']:.4f} ({r['alpha_star']:.4f})" for n in counts for r in result["alpha"]
+                     if (r["vocab"], r["n"], r["scheme"]) == (vocab, n, scheme)]
+            lines.append(f"| {scheme} | " + " | ".join(cells) + " |")
+        lines.append("")
+    lines += ["## Goals", ""] + [f"- {goal}" for goal in result["goals"]] + [""]
+    return "\n".join(lines)
+
+
+def goals(result: dict) -> list[str]:
+    worst = max((r for r in result["node"] if r["vocab"] == 32000), key=lambda r: r["verify_ms"], default=None)
+    alpha = next((r for r in result["alpha"] if (r["vocab"], r["n"], r["scheme"])
+                  == (152064, 4, "without_replacement")), None)
+    out = []
+    if worst:
+        out.append(f"one node's verification under 1 ms at V = 32000: slowest pair {worst['scheme']}/"
+                   f"{worst['verifier']} n={worst['n']} takes {worst['verify_ms']:.3f} ms -> "
+                   + ("met" if worst["verify_ms"] < 1.0 else "NOT met"))
+    if alpha:
+        out.append(f"alpha* without replacement at V = 152064, n = 4 under 1 s: {alpha['seconds']:.3f} s -> "
+                   + ("met" if alpha["seconds"] < 1.0 else "NOT met"))
+    return out
+
+
+def run_core_benchmark(out_dir: Path, vocabs=VOCABS, draft_counts=DRAFT_COUNTS) -> dict:
+    result = {"date": datetime.date.today().isoformat(), "machine": machine(),
+              "node": time_node(vocabs, draft_counts), "alpha": time_alpha(vocabs, draft_counts)}
+    result["goals"] = goals(result)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = out_dir / f"core_bench_{result['date']}"
+    stem.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+    stem.with_suffix(".md").write_text(markdown(result))
+    return result
