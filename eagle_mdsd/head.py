@@ -1,0 +1,157 @@
+"""The EAGLE-1 draft head and its checkpoint format.
+
+h = fc(concat(embed(token_{t+1}), feature_t)), embedding first, then one stock
+Llama decoder layer whose input_layernorm is skipped; no final norm.  The
+token embedding and lm_head are the target's (shared, not copied).  The
+feature is the target's last hidden state after its final norm.
+
+Checkpoints: a folder with config.json (a Llama config, num_hidden_layers 1,
+optional top-level "bias" for fc, default true) and pytorch_model.bin or
+model.safetensors with the released key names (fc.*, layers.0.*, and in the
+EAGLE-1 release a frozen copy of embed_tokens.weight, which we check and
+otherwise ignore).  yuhuili/EAGLE-Vicuna-7B-v1.3 loads unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+HEAD_KEYS_OPTIONAL = ("embed_tokens.weight",)
+
+
+class EagleHead(nn.Module):
+    def __init__(self, config, bias: bool = True):
+        super().__init__()
+        from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+
+        config._attn_implementation = getattr(config, "_attn_implementation", None) or "sdpa"
+        self.config = config
+        self.bias = bias
+        hidden = config.hidden_size
+        self.fc = nn.Linear(2 * hidden, hidden, bias=bias)
+        layer = LlamaDecoderLayer(config, layer_idx=0)
+        layer.input_layernorm = nn.Identity()  # EAGLE-1: attention runs directly on the fc output
+        self.layers = nn.ModuleList([layer])
+        self.rotary_emb = LlamaRotaryEmbedding(config)
+
+    def forward(self, features, embeddings, position_ids, attention_mask, cache):
+        """Predicted next features [1, k, H] for k (feature, embedded token) pairs."""
+        hidden = self.fc(torch.cat([embeddings, features], dim=-1))
+        position_embeddings = self.rotary_emb(hidden, position_ids=position_ids)
+        return self.layers[0](hidden, attention_mask=attention_mask, position_ids=position_ids,
+                              past_key_values=cache, use_cache=True, position_embeddings=position_embeddings)
+
+
+def head_config_for(target_config):
+    """A Llama config for a head over `target_config` (hidden size, heads, vocabulary)."""
+    from transformers import LlamaConfig
+
+    names = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "vocab_size",
+             "rms_norm_eps", "max_position_embeddings", "rope_theta", "hidden_act")
+    values = {name: getattr(target_config, name) for name in names if getattr(target_config, name, None) is not None}
+    rope = getattr(target_config, "rope_parameters", None)
+    config = LlamaConfig(**values, num_hidden_layers=1, attention_bias=False, mlp_bias=False)
+    if isinstance(rope, dict) and rope.get("rope_theta") is not None and hasattr(config, "rope_parameters"):
+        config.rope_parameters = {"rope_type": "default", "rope_theta": rope["rope_theta"]}
+    config.head_dim = target_config.hidden_size // target_config.num_attention_heads
+    return config
+
+
+def random_head(target, seed: int = 0) -> EagleHead:
+    """An untrained head for `target` (tests: correctness must not depend on head quality)."""
+    torch.manual_seed(seed)
+    head = EagleHead(head_config_for(target.config))
+    for module in head.modules():
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+    return head.to(dtype=target.dtype, device=target.device).eval()
+
+
+def check_fits(config, target_config, source: str) -> None:
+    """A head whose sizes do not match the target is refused, naming the field."""
+    for field in ("hidden_size", "vocab_size"):
+        head_value, target_value = getattr(config, field, None), getattr(target_config, field, None)
+        if head_value != target_value:
+            raise ValueError(f"draft head {source} does not fit the base model: {field} is {head_value} in the "
+                             f"head but {target_value} in the base model; use a head trained for this base model")
+
+
+def _read_weights(folder: Path) -> dict:
+    if (folder / "model.safetensors").exists():
+        from safetensors.torch import load_file
+
+        return load_file(folder / "model.safetensors")
+    if (folder / "pytorch_model.bin").exists():
+        return torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    raise FileNotFoundError(f"draft head {folder} has neither model.safetensors nor pytorch_model.bin")
+
+
+def resolve(spec: str) -> Path:
+    """A local folder, or a hub id downloaded with huggingface_hub (needs network)."""
+    path = Path(spec)
+    if path.exists():
+        return path
+    if "/" in spec and not spec.startswith((".", "/")):
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(spec, allow_patterns=["config.json", "*.bin", "*.safetensors"]))
+    raise FileNotFoundError(f"draft head {spec} does not exist: give a folder with config.json and weights")
+
+
+def load_head(spec: str, target) -> EagleHead:
+    """Load an EAGLE-1 head for `target`; refuses heads that do not fit it."""
+    from transformers import LlamaConfig
+
+    folder = resolve(str(spec))
+    config_file = folder / "config.json"
+    if not config_file.exists():
+        raise FileNotFoundError(f"draft head {spec} has no config.json")
+    raw = json.loads(config_file.read_text())
+    bias = bool(raw.pop("bias", True))
+    config = LlamaConfig(**{k: v for k, v in raw.items() if k not in ("architectures",)})
+    check_fits(config, target.config, str(spec))
+    if config.num_hidden_layers != 1:
+        raise ValueError(f"draft head {spec}: num_hidden_layers is {config.num_hidden_layers}, EAGLE-1 heads have 1")
+    state = _read_weights(folder)
+    embed = state.pop("embed_tokens.weight", None)
+    if embed is not None and tuple(embed.shape) != tuple(target.get_input_embeddings().weight.shape):
+        raise ValueError(f"draft head {spec} does not fit the base model: embed_tokens.weight is "
+                         f"{tuple(embed.shape)}, the base model's embedding is "
+                         f"{tuple(target.get_input_embeddings().weight.shape)}")
+    head = EagleHead(config, bias=bias)
+    missing, unexpected = head.load_state_dict(state, strict=False)
+    missing = [k for k in missing if "rotary_emb" not in k]
+    if missing or unexpected:
+        raise ValueError(f"draft head {spec} is not an EAGLE-1 checkpoint: missing {missing[:3]}, "
+                         f"unexpected {unexpected[:3]}")
+    return head.to(dtype=target.dtype, device=target.device).eval()
+
+
+def save_head(head: EagleHead, folder, target=None, safetensors: bool = False) -> Path:
+    """Write the EAGLE-1 format: config.json + pytorch_model.bin (or model.safetensors).
+
+    With `target`, the frozen fp32 embedding copy of the released format is
+    included, so the reference EAGLE code can read the folder too.
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    config = head.config.to_dict()
+    config.update({"bias": head.bias, "num_hidden_layers": 1, "architectures": ["LlamaForCausalLM"]})
+    config.pop("_attn_implementation_autoset", None)
+    (folder / "config.json").write_text(json.dumps(config, indent=2, default=str) + "\n")
+    state = {k: v.detach().to("cpu").contiguous() for k, v in head.state_dict().items()}
+    if target is not None:
+        state["embed_tokens.weight"] = target.get_input_embeddings().weight.detach().float().cpu().contiguous()
+    if safetensors:
+        from safetensors.torch import save_file
+
+        save_file(state, folder / "model.safetensors")
+    else:
+        torch.save(state, folder / "pytorch_model.bin")
+    return folder

@@ -1,0 +1,108 @@
+"""Static draft-tree topologies: validation and the buffers the engine uses.
+
+A topology is a list of paths; path [0, 1] is the second child of the first
+child of the root.  The root is the token already sampled from the target.
+Compiled once: nodes sorted by (depth, path), node 0 the root.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+TREE_DIR = Path(__file__).resolve().parent.parent / "tree_configs"
+MAX_NODES = 1024
+
+
+@dataclass(frozen=True)
+class Tree:
+    name: str
+    paths: tuple[tuple[int, ...], ...]  # node i > 0 has path paths[i - 1]
+    parent: tuple[int, ...]             # parent[0] = -1
+    depth: tuple[int, ...]
+    children: tuple[tuple[int, ...], ...]  # child node ids in sibling order
+    ancestors: torch.Tensor             # [N+1, N+1] bool: row sees column (ancestor or self)
+
+    @property
+    def size(self) -> int:
+        """Number of draft nodes (the root excluded)."""
+        return len(self.paths)
+
+    @property
+    def max_depth(self) -> int:
+        return max(self.depth)
+
+    def level(self, d: int) -> list[int]:
+        return [i for i, depth in enumerate(self.depth) if depth == d]
+
+    def internal(self, d: int) -> list[int]:
+        """Nodes at depth d that have children: the ones the head must run on."""
+        return [i for i in self.level(d) if self.children[i]]
+
+
+def compile_tree(paths, name: str = "custom") -> Tree:
+    """Validate a list of paths and build the tree; every problem is a one-line ValueError."""
+    if not isinstance(paths, (list, tuple)) or not paths:
+        raise ValueError(f"tree {name!r}: expected a non-empty list of paths such as [[0], [1], [0, 0]]")
+    if len(paths) > MAX_NODES:
+        raise ValueError(f"tree {name!r} has {len(paths)} nodes: at most {MAX_NODES} are supported")
+    clean = []
+    for path in paths:
+        if (not isinstance(path, (list, tuple)) or not path
+                or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in path)):
+            raise ValueError(f"tree {name!r}: path {path!r} must be a non-empty list of non-negative integers")
+        clean.append(tuple(path))
+    known = set(clean)
+    if len(known) != len(clean):
+        duplicate = next(p for p in clean if clean.count(p) > 1)
+        raise ValueError(f"tree {name!r}: path {list(duplicate)} appears twice")
+    for path in clean:
+        if len(path) > 1 and path[:-1] not in known:
+            raise ValueError(f"tree {name!r}: path {list(path)} has no parent {list(path[:-1])}: add it")
+        if path[-1] > 0 and path[:-1] + (path[-1] - 1,) not in known:
+            raise ValueError(f"tree {name!r}: path {list(path)} has no earlier sibling "
+                             f"{list(path[:-1] + (path[-1] - 1,))}: sibling indices must be 0..k-1")
+    ordered = sorted(clean, key=lambda p: (len(p), p))
+    index = {(): 0} | {p: i + 1 for i, p in enumerate(ordered)}
+    parent = [-1] + [index[p[:-1]] for p in ordered]
+    depth = [0] + [len(p) for p in ordered]
+    children = [[] for _ in index]
+    for p in ordered:
+        children[index[p[:-1]]].append(index[p])
+    ancestors = torch.eye(len(index), dtype=torch.bool)
+    for node in range(1, len(index)):
+        ancestors[node] |= ancestors[parent[node]]
+    return Tree(name, tuple(ordered), tuple(parent), tuple(depth), tuple(tuple(c) for c in children), ancestors)
+
+
+def chain(length: int) -> Tree:
+    return compile_tree([[0] * d for d in range(1, length + 1)], f"chain{length}")
+
+
+def names() -> list[str]:
+    return sorted(p.stem for p in TREE_DIR.glob("*.json"))
+
+
+def load(spec: str) -> Tree:
+    """A tree by name (tree_configs/NAME.json), `chainN`, or a path to a JSON file.
+
+    The file holds either a list of paths or {"paths": [...], "description": ...}.
+    """
+    path = Path(spec)
+    if path.suffix != ".json":
+        if spec.startswith("chain") and spec[5:].isdigit() and not (TREE_DIR / f"{spec}.json").exists():
+            return chain(int(spec[5:]))
+        path = TREE_DIR / f"{spec}.json"
+        if not path.exists():
+            raise ValueError(f"unknown tree {spec!r}: use one of {', '.join(names())}, chainN, or a .json file")
+    elif not path.exists():
+        raise FileNotFoundError(f"tree file {spec} does not exist")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"tree file {spec} is not valid JSON: {error.msg} at line {error.lineno}") from None
+    paths = data.get("paths") if isinstance(data, dict) else data
+    return compile_tree(paths, path.stem)

@@ -1,0 +1,119 @@
+"""Tree topologies and the EAGLE-1 head checkpoint format."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from eagle_mdsd import head, tree
+
+from tiny import tiny_target
+
+
+@pytest.mark.parametrize("name, size, depth", [("eagle_default", 25, 5), ("binary_depth4", 30, 4),
+                                               ("quad_depth3", 84, 3), ("chain4", 4, 4), ("chain6", 6, 6)])
+def test_named_trees(name, size, depth):
+    topology = tree.load(name)
+    assert topology.size == size and topology.max_depth == depth
+    assert all(topology.depth[c] == topology.depth[n] + 1 for n, kids in enumerate(topology.children) for c in kids)
+    # each node sees exactly its ancestors and itself
+    assert int(topology.ancestors.sum()) == sum(d + 1 for d in topology.depth)
+
+
+def test_tree_buffers():
+    topology = tree.compile_tree([[1], [0], [0, 0]])
+    assert topology.paths == ((0,), (1,), (0, 0))
+    assert topology.parent == (-1, 0, 0, 1) and topology.children == ((1, 2), (3,), (), ())
+    assert topology.ancestors[3].tolist() == [True, True, False, True]
+    assert topology.internal(0) == [0] and topology.internal(1) == [1]
+
+
+@pytest.mark.parametrize("paths, message", [
+    ([], "non-empty list of paths"),
+    ([[0], [0]], r"path \[0\] appears twice"),
+    ([[0], [0, 1]], r"no earlier sibling \[0, 0\]"),
+    ([[1]], r"no earlier sibling \[0\]"),
+    ([[0, 0]], r"no parent \[0\]"),
+    ([[0], [-1]], "non-negative integers"),
+    ([[0], "a"], "non-negative integers"),
+    ([[0]] + [[i] for i in range(1, 1100)], "at most 1024"),
+])
+def test_malformed_trees_are_refused(paths, message):
+    with pytest.raises(ValueError, match=message):
+        tree.compile_tree(paths)
+
+
+def test_tree_files(tmp_path):
+    good = tmp_path / "mine.json"
+    good.write_text(json.dumps({"paths": [[0], [1], [0, 0]]}))
+    assert tree.load(str(good)).size == 3
+    bad = tmp_path / "bad.json"
+    bad.write_text("[[0], [0,")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        tree.load(str(bad))
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        tree.load(str(tmp_path / "missing.json"))
+    with pytest.raises(ValueError, match="unknown tree 'nope'"):
+        tree.load("nope")
+    assert tree.load("chain9").size == 9
+
+
+def head_logits(draft_head, target):
+    torch.manual_seed(1)
+    features = torch.randn(1, 5, target.config.hidden_size, dtype=target.dtype)
+    tokens = torch.randint(target.config.vocab_size, (1, 5))
+    from eagle_mdsd.engine import additive_mask, preallocated_cache
+
+    mask = additive_mask(torch.ones(5, 5, dtype=torch.bool).tril(), target.dtype)
+    with torch.no_grad():
+        out = draft_head(features, target.get_input_embeddings()(tokens), torch.arange(5)[None], mask,
+                         preallocated_cache(1, 8))
+    return target.get_output_embeddings()(out)
+
+
+@pytest.mark.parametrize("safetensors", [False, True])
+def test_head_round_trip_in_eagle1_format(tmp_path, safetensors):
+    target = tiny_target(vocab=11)
+    original = head.random_head(target, seed=3)
+    folder = head.save_head(original, tmp_path / "head", target=target, safetensors=safetensors)
+    weights = "model.safetensors" if safetensors else "pytorch_model.bin"
+    assert (folder / "config.json").exists() and (folder / weights).exists()
+    config = json.loads((folder / "config.json").read_text())
+    assert config["num_hidden_layers"] == 1 and config["bias"] is True
+    if not safetensors:
+        keys = set(torch.load(folder / weights, weights_only=True))
+        assert {"embed_tokens.weight", "fc.weight", "fc.bias", "layers.0.self_attn.q_proj.weight",
+                "layers.0.mlp.down_proj.weight", "layers.0.post_attention_layernorm.weight"} <= keys
+        assert not any("input_layernorm" in k or "lm_head" in k for k in keys)
+    reloaded = head.load_head(str(folder), target)
+    assert torch.equal(head_logits(original, target), head_logits(reloaded, target))
+
+
+def test_head_that_does_not_fit_is_refused(tmp_path):
+    small = tiny_target(vocab=11, hidden=32)
+    folder = head.save_head(head.random_head(small), tmp_path / "head")
+    with pytest.raises(ValueError, match="hidden_size is 32 in the head but 48 in the base model"):
+        head.load_head(str(folder), tiny_target(vocab=11, hidden=48))
+    with pytest.raises(ValueError, match="vocab_size is 11 in the head but 13"):
+        head.load_head(str(folder), tiny_target(vocab=13, hidden=32))
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        head.load_head(str(tmp_path / "nothing"), small)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--tree", "nope"], "unknown tree 'nope'"),
+    (["--drafter", "nope"], "unknown drafting scheme 'nope'"),
+    (["--verifier", "nope"], "unknown verifier 'nope'"),
+    (["--drafter", "without_replacement", "--verifier", "rrs_w"], "not lossless for 'without_replacement'"),
+    (["--drafter", "spechub", "--verifier", "spechub"], "cannot fill tree 'eagle_default'"),
+    (["--temperature", "-0.5"], "temperature must be >= 0"),
+])
+def test_cli_errors_are_one_line(args, message):
+    done = subprocess.run([sys.executable, "-m", "eagle_mdsd.cli", "generate", "--prompt", "hi", *args],
+                          capture_output=True, text=True)
+    assert done.returncode == 2
+    assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr

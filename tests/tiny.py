@@ -1,0 +1,15 @@
+"""A tiny random Llama target with a small vocabulary, for exact end-to-end checks."""
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+
+def tiny_target(vocab: int = 4, hidden: int = 32, seed: int = 0, sharpness: float = 8.0):
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                         tie_word_embeddings=False)
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():  # spread the logits so p is far from uniform and far from q
+        model.lm_head.weight.mul_(sharpness)
+    return model.double()
