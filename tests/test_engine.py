@@ -1,0 +1,143 @@
+"""End-to-end losslessness of the decoding engine on a tiny random Llama."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from scipy import stats
+
+from eagle_mdsd import engine, head, tree, verification
+from eagle_mdsd.verification import RecursiveRejection, _mix, _positive_part_normalised, _ratio, _take
+
+from tiny import tiny_target
+
+PROMPT = [1, 2, 3, 0]
+RUNS = 2000
+P_VALUE = 1e-3  # fixed seeds: a lossless engine fails a test with probability 0.1%
+
+TREES = {
+    "wide": [[0], [1], [2], [0, 0], [0, 1], [1, 0]],          # 3, 2 and 1 children
+    "binary2": [[0], [1], [0, 0], [0, 1], [1, 0], [1, 1]],
+    "binary_left": [[0], [1], [0, 0], [0, 1], [0, 0, 0], [0, 0, 1]],
+}
+
+
+def trees_for(scheme):
+    # SpecHub drafts exactly two children per node.
+    return ["binary2", "binary_left"] if scheme == "spechub" else ["wide", "binary2"]
+
+
+CASES = [(s, v, t) for s, v in verification.pairs() for t in trees_for(s)]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    target = tiny_target()
+    draft_head = head.random_head(target)
+    with torch.no_grad():  # a sharp q that disagrees with p: biases show up in few samples
+        draft_head.fc.weight.mul_(20.0)
+    return target, draft_head
+
+
+def exact_first_three(target, temperature):
+    """The target's joint distribution of the first 3 generated tokens, by enumeration."""
+    vocab = target.config.vocab_size
+    pairs = torch.tensor(list(itertools.product(range(vocab), repeat=2)))
+    inputs = torch.cat([torch.tensor(PROMPT).expand(len(pairs), -1), pairs], 1)
+    with torch.no_grad():
+        logits = target(inputs).logits[:, -3:].double()
+    probs = engine.warp(logits, temperature).double() if temperature == 0 else torch.softmax(logits / temperature, -1)
+    joint = probs[:, 0, pairs[:, 0]].diagonal() * probs[:, 1, pairs[:, 1]].diagonal()  # p(x1) p(x2|x1)
+    return (joint.unsqueeze(-1) * probs[:, 2]).reshape(-1)  # index x1*V^2 + x2*V + x3
+
+
+def empirical_first_three(decoder, temperature, runs=RUNS):
+    vocab = decoder.lm_head.weight.shape[0]
+    counts = torch.zeros(vocab**3)
+    for seed in range(runs):
+        x1, x2, x3 = decoder.generate(PROMPT, 3, temperature, seed=seed).token_ids
+        counts[x1 * vocab**2 + x2 * vocab + x3] += 1
+    return counts
+
+
+def chi_square_p_value(counts, exact):
+    keep = exact > 0
+    assert counts[~keep].sum() == 0, "a sequence of target probability 0 was generated"
+    return stats.chisquare(counts[keep].numpy(), (exact[keep] * counts.sum()).numpy()).pvalue
+
+
+@pytest.mark.parametrize("scheme, verifier, tree_name", CASES, ids=["-".join(c) for c in CASES])
+def test_first_three_tokens_follow_the_target_exactly(tiny, scheme, verifier, tree_name):
+    target, draft_head = tiny
+    decoder = engine.Decoder(target, draft_head, tree.compile_tree(TREES[tree_name], tree_name), scheme, verifier)
+    exact = exact_first_three(target, 1.0)
+    assert chi_square_p_value(empirical_first_three(decoder, 1.0), exact) > P_VALUE
+
+
+class SkipsDuplicates(RecursiveRejection):
+    """RRS that skips repeated sibling drafts (no residual update): biased."""
+
+    def _plan(self, p, q, drafts):
+        residual, weights = p, []
+        still = torch.ones(p.shape[:-1], dtype=p.dtype)
+        for j in range(drafts.shape[-1]):
+            x = drafts[..., j]
+            seen = (drafts[..., :j] == x.unsqueeze(-1)).any(-1)
+            accept = _ratio(_take(residual, x), _take(q, x))
+            weights.append(still * accept)
+            still = still * (1 - accept)
+            residual = torch.where(seen.unsqueeze(-1), residual, _positive_part_normalised(residual - q, residual))
+        return _mix(drafts, torch.stack(weights, -1), still, residual)
+
+
+def test_the_statistical_test_catches_a_biased_verifier(tiny):
+    target, draft_head = tiny
+    broken = SkipsDuplicates("skips_duplicates", False, "")
+    decoder = engine.Decoder(target, draft_head, tree.compile_tree(TREES["wide"]), "with_replacement", broken)
+    assert chi_square_p_value(empirical_first_three(decoder, 1.0, 4000), exact_first_three(target, 1.0)) < P_VALUE
+
+
+def test_temperature_zero_is_greedy_for_every_pair(tiny):
+    target, draft_head = tiny
+    sequence = list(PROMPT)
+    with torch.no_grad():  # greedy decoding by full forwards: no cache, no generation config
+        for _ in range(12):
+            sequence.append(int(target(torch.tensor([sequence])).logits[0, -1].argmax()))
+    reference = torch.tensor(sequence[len(PROMPT):])
+    for scheme, verifier, tree_name in CASES:
+        decoder = engine.Decoder(target, draft_head, tree.compile_tree(TREES[tree_name]), scheme, verifier)
+        assert decoder.generate(PROMPT, 12, 0.0).token_ids == reference.tolist(), (scheme, verifier, tree_name)
+
+
+def test_baseline_and_stats(tiny):
+    target, draft_head = tiny
+    decoder = engine.Decoder(target, draft_head, tree.compile_tree(TREES["wide"]))
+    result = decoder.generate(PROMPT, 10, 0.0)
+    baseline = decoder.generate(PROMPT, 10, 0.0, method="baseline")
+    assert result.token_ids == baseline.token_ids and baseline.cycles == 9 and baseline.tau == pytest.approx(10 / 9)
+    assert result.new_tokens == 10 == 1 + sum(result.accept_lengths[:-1]) + min(result.accept_lengths[-1], 10)
+    assert result.tau == result.new_tokens / result.cycles and result.tokens_per_s > 0
+
+
+def test_generation_stops_at_eos(tiny):
+    target, draft_head = tiny
+    plain = engine.Decoder(target, draft_head, tree.compile_tree(TREES["wide"])).generate(PROMPT, 12, 0.0)
+    eos = plain.token_ids[4]
+    stopped = engine.Decoder(target, draft_head, tree.compile_tree(TREES["wide"]), eos_token_ids=[eos])
+    tokens = stopped.generate(PROMPT, 12, 0.0).token_ids
+    assert tokens == plain.token_ids[: plain.token_ids.index(eos) + 1]
+
+
+def test_bad_generation_arguments_are_refused(tiny):
+    target, draft_head = tiny
+    decoder = engine.Decoder(target, draft_head, tree.compile_tree(TREES["wide"]))
+    with pytest.raises(ValueError, match="temperature must be >= 0"):
+        decoder.generate(PROMPT, 4, -0.5)
+    with pytest.raises(ValueError, match=r"exceed the model's context of 64 tokens"):
+        decoder.generate(PROMPT * 10, 30, 0.0)
+    with pytest.raises(ValueError, match="cannot fill tree"):
+        engine.Decoder(target, draft_head, tree.compile_tree(TREES["wide"]), "spechub", "spechub")
+    with pytest.raises(ValueError, match="not lossless"):
+        engine.Decoder(target, draft_head, tree.compile_tree(TREES["wide"]), "greedy", "rrs_wo")
