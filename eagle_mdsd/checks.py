@@ -1,0 +1,80 @@
+"""Temperature-0 equivalence with transformers' greedy generate on the embedded default.
+
+For each dtype, MT-Bench question (first turn) and tree, the engine's tokens
+are compared with `generate(do_sample=False)` from the same prompt ids.  Rows
+are appended to a JSONL file as they finish, so an interrupted run resumes.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from . import benchmarks, engine, head, models, questions, tree
+
+ALL_TREES = ("eagle_default", "binary_depth4", "quad_depth3", "chain4", "chain6")
+
+
+def _first_difference(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def greedy_equivalence(rows_file: Path, question_count: int = 5, max_new_tokens: int = 128,
+                       trees=ALL_TREES, dtypes=("float32", "bfloat16"), head_spec: str = "random") -> list[dict]:
+    rows_file.parent.mkdir(parents=True, exist_ok=True)
+    done = {}
+    if rows_file.exists():
+        for line in rows_file.read_text().splitlines():
+            row = json.loads(line)
+            done[(row["dtype"], row["question_id"], row["tree"])] = row
+    chosen = questions.load("mt_bench")[:question_count]
+    for dtype in dtypes:
+        todo = [(q, t) for q in chosen for t in trees if (dtype, q["question_id"], t) not in done]
+        if not todo:
+            continue
+        target, tokenizer = models.load_target(None, models.parse_dtype(dtype))
+        draft_head = head.random_head(target) if head_spec == "random" else head.load_head(head_spec, target)
+        eos = target.generation_config.eos_token_id
+        eos = [eos] if isinstance(eos, int) else list(eos or [])
+        references = {}
+        for question, tree_name in tqdm(todo, desc=f"greedy check {dtype}"):
+            prompt = models.chat_prompt_ids(tokenizer, question["turns"][0])
+            if question["question_id"] not in references:
+                with torch.inference_mode():
+                    out = target.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False)
+                references[question["question_id"]] = out[0, len(prompt):].tolist()
+            reference = references[question["question_id"]]
+            decoder = engine.Decoder(target, draft_head, tree.load(tree_name), eos_token_ids=eos)
+            result = decoder.generate(prompt, max_new_tokens, 0.0)
+            row = {"dtype": dtype, "question_id": question["question_id"], "tree": tree_name,
+                   "identical": result.token_ids == reference, "tokens": result.new_tokens,
+                   "first_difference": _first_difference(result.token_ids, reference), "tau": result.tau}
+            with rows_file.open("a") as handle:
+                handle.write(json.dumps(row) + "\n")
+            done[(dtype, question["question_id"], tree_name)] = row
+    return [row for row in done.values() if row["question_id"] in {q["question_id"] for q in chosen}]
+
+
+def summary_markdown(rows: list[dict], max_new_tokens: int, head_spec: str) -> str:
+    date = datetime.date.today().isoformat()
+    machine = benchmarks.machine()
+    lines = [f"# Temperature 0: engine vs transformers greedy generate, {date}", "",
+             f"Machine: {machine['cpu']}, torch {machine['torch']}. Embedded SmolLM2-135M-Instruct, "
+             f"MT-Bench first turns, {max_new_tokens} new tokens, head: {head_spec}. "
+             "A row is identical when every generated token id equals generate(do_sample=False)'s.", "",
+             "| dtype | tree | questions | identical | first difference at token |", "|---|---|---|---|---|"]
+    for dtype in sorted({r["dtype"] for r in rows}, reverse=True):
+        for tree_name in ALL_TREES:
+            group = [r for r in rows if r["dtype"] == dtype and r["tree"] == tree_name]
+            if group:
+                diffs = [str(r["first_difference"]) for r in group if not r["identical"]]
+                lines.append(f"| {dtype} | {tree_name} | {len(group)} | {sum(r['identical'] for r in group)} | "
+                             f"{', '.join(diffs) or '-'} |")
+    return "\n".join(lines) + "\n"

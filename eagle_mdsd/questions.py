@@ -1,0 +1,25 @@
+"""The vendored Spec-Bench / MT-Bench questions."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+QUESTION_FILE = Path(__file__).resolve().parent.parent / "evaluation" / "data" / "spec_bench" / "question.jsonl"
+MT_BENCH_IDS = range(81, 161)
+
+
+def load(bench: str = "mt_bench", path: Path = QUESTION_FILE) -> list[dict]:
+    """Questions of `bench`: mt_bench, spec_bench (all 480), or one category name."""
+    if not Path(path).exists():
+        raise FileNotFoundError(f"question file {path} does not exist")
+    questions = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    if bench == "spec_bench":
+        return questions
+    if bench == "mt_bench":
+        return [q for q in questions if q["question_id"] in MT_BENCH_IDS]
+    chosen = [q for q in questions if q["category"] == bench]
+    if not chosen:
+        categories = sorted({q["category"] for q in questions})
+        raise ValueError(f"unknown bench {bench!r}: use mt_bench, spec_bench or one of {', '.join(categories)}")
+    return chosen
