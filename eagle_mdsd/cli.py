@@ -75,6 +75,12 @@ def cmd_generate(args) -> None:
     verification.check_pair(args.drafter, args.verifier)
     if topology is not None:
         engine.check_drafter_fits(args.drafter, topology)
+        if args.ea_model is None and args.base_model not in (None, models.EMBEDDED):
+            raise ValueError(f"--ea-model is required with --base-model {args.base_model}: give the folder or hub id "
+                             "of an EAGLE-1 head trained for it, or --ea-model random")
+        if args.ea_model is None and not models.DEFAULT_HEAD.exists():
+            raise ValueError("no trained head for the embedded model ships with this version yet: "
+                             "pass --ea-model FOLDER, or --ea-model random (lossless but accepts few drafts)")
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
@@ -112,6 +118,28 @@ def cmd_check_greedy(args) -> None:
     print(text)
 
 
+def cmd_train_head(args) -> None:
+    from . import training
+
+    out = Path(args.run)
+    if args.stage in ("data", "all"):
+        prompts = args.prompts or [training.DEFAULT_PROMPTS]
+        shards = training.make_data(out, prompts, args.base_model, args.dtype, args.max_prompts,
+                                    args.max_new_tokens, args.batch_size, args.shard_size, args.mix_reference,
+                                    max_minutes=args.max_minutes)
+        print(f"{len(shards)} data shards in {out / 'data'}")
+    if args.stage in ("train", "all"):
+        state = training.train(out, args.base_model, args.epochs, args.lr, args.tokens_per_batch,
+                               max_minutes=args.max_minutes, device=args.device)
+        recent = state["log"][-20:]
+        if recent:
+            print(f"step {state['step']}: loss {sum(r['loss'] for r in recent) / len(recent):.4f}, "
+                  f"top-1 {sum(r['top1'] for r in recent) / len(recent):.3f} (mean of the last {len(recent)} steps)")
+    if args.stage in ("export", "all"):
+        destination = Path(args.export_to) if args.export_to else out / "head"
+        print(f"wrote {training.export(out, destination, args.base_model, compact=not args.eagle1_format)}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eagle-mdsd", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -146,6 +174,25 @@ def build_parser() -> argparse.ArgumentParser:
     greedy.add_argument("--ea-model", default="random", help="head folder, or 'random' (default)")
     greedy.add_argument("--out", default="evaluation/results")
     greedy.set_defaults(fn=cmd_check_greedy)
+    train = sub.add_parser("train-head", help="train an EAGLE-1 head: data, train and export stages (resumable)")
+    train.add_argument("stage", choices=["data", "train", "export", "all"])
+    train.add_argument("--run", default="runs/smollm2-head", help="folder for shards, checkpoint and exports")
+    train.add_argument("--base-model", default=None)
+    train.add_argument("--prompts", nargs="*", help="JSON/JSONL files or folders (default: shared/data/train_prompts)")
+    train.add_argument("--max-prompts", type=int, default=None)
+    train.add_argument("--max-new-tokens", type=int, default=128, help="response length in the data stage")
+    train.add_argument("--batch-size", type=int, default=16, help="generation batch in the data stage")
+    train.add_argument("--shard-size", type=int, default=256)
+    train.add_argument("--mix-reference", action="store_true", help="also train on the datasets' responses")
+    train.add_argument("--dtype", default="bfloat16", help="target dtype for the data stage")
+    train.add_argument("--epochs", type=float, default=1.0)
+    train.add_argument("--lr", type=float, default=5e-4)
+    train.add_argument("--tokens-per-batch", type=int, default=4096)
+    train.add_argument("--max-minutes", type=float, default=None, help="stop (resumably) after this long")
+    train.add_argument("--device", default="cpu")
+    train.add_argument("--export-to", default=None, help="export folder (default RUN/head)")
+    train.add_argument("--eagle1-format", action="store_true", help="export pytorch_model.bin with the embedding copy")
+    train.set_defaults(fn=cmd_train_head)
     bench = sub.add_parser("bench-core", help="time one node's drafting/verification and alpha* on this machine")
     bench.add_argument("--out", default="evaluation/results", help="results folder")
     bench.add_argument("--max-drafts", type=int, default=8, help="largest n timed (default 8)")

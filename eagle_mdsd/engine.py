@@ -154,11 +154,11 @@ class Decoder:
     # -- target and head calls -------------------------------------------------------------
 
     def _target(self, tokens, positions, visible):
+        """The target's features (last hidden states after its final norm) [k, H]."""
         out = self.decoder_model(input_ids=tokens[None], position_ids=positions[None],
                                  attention_mask=additive_mask(visible, self.target.dtype),
                                  past_key_values=self.target_cache, use_cache=True)
-        features = out.last_hidden_state[0]
-        return features, self.lm_head(features)
+        return out.last_hidden_state[0]
 
     def _head(self, features, tokens, positions, visible):
         return self.head(features[None], self.embed(tokens)[None], positions[None],
@@ -195,16 +195,16 @@ class Decoder:
         start = time.perf_counter()
         length = len(prompt)
         causal = torch.ones(length, length, dtype=torch.bool, device=prompt.device).tril_()
-        features, logits = self._target(prompt, torch.arange(length, device=prompt.device), causal)
-        root = self._sample(warp(logits[-1], temperature), generator)
+        features = self._target(prompt, torch.arange(length, device=prompt.device), causal)
+        root = self._sample(warp(self.lm_head(features[-1]), temperature), generator)
         prefill_time = time.perf_counter() - start
         result = GenerationResult(prompt.tolist(), [root], 0)
         pending = (features, torch.cat([prompt[1:], prompt.new_tensor([root])]))
         while root not in self.eos and result.new_tokens < max_new_tokens:
             if method == "baseline":
                 visible = torch.ones(1, length + 1, dtype=torch.bool, device=prompt.device)
-                _, logits = self._target(prompt.new_tensor([root]), prompt.new_tensor([length]), visible)
-                emitted, pending = [self._sample(warp(logits[-1], temperature), generator)], None
+                features = self._target(prompt.new_tensor([root]), prompt.new_tensor([length]), visible)
+                emitted, pending = [self._sample(warp(self.lm_head(features[-1]), temperature), generator)], None
             else:
                 emitted, pending = self._cycle(length, root, pending, temperature, generator)
             result.cycles += 1
@@ -270,11 +270,11 @@ class Decoder:
         depth = torch.tensor(tree.depth, device=device)
         visible = torch.cat([torch.ones(tree.size + 1, length, dtype=torch.bool, device=device),
                              tree.ancestors.to(device)], 1)
-        features, logits = self._target(node_tokens, length + depth, visible)
-        # 4. verify from the root down.
+        features = self._target(node_tokens, length + depth, visible)
+        # 4. verify from the root down; logits only for the nodes the walk reaches.
         node, accepted = 0, []
         while True:
-            p = warp(logits[node], temperature)
+            p = warp(self.lm_head(features[node]), temperature)
             kids = tree.children[node]
             if not kids:
                 bonus = self._sample(p, generator)

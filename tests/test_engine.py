@@ -141,3 +141,21 @@ def test_bad_generation_arguments_are_refused(tiny):
         engine.Decoder(target, draft_head, tree.compile_tree(TREES["wide"]), "spechub", "spechub")
     with pytest.raises(ValueError, match="not lossless"):
         engine.Decoder(target, draft_head, tree.compile_tree(TREES["wide"]), "greedy", "rrs_wo")
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
+def test_other_architectures_decode_greedily_and_losslessly(family):
+    from tiny import tiny_family
+
+    target = tiny_family(family)
+    draft_head = head.random_head(target)
+    with torch.no_grad():
+        draft_head.fc.weight.mul_(20.0)
+    sequence = list(PROMPT)
+    with torch.no_grad():
+        for _ in range(16):
+            sequence.append(int(target(torch.tensor([sequence])).logits[0, -1].argmax()))
+    decoder = engine.Decoder(target, draft_head, tree.load("eagle_default"))
+    result = decoder.generate(PROMPT, 16, 0.0)
+    assert result.token_ids == sequence[len(PROMPT):]
+    assert result.cycles < 16  # the sharp random head gets drafts accepted: the tree path is exercised

@@ -111,6 +111,8 @@ def test_head_that_does_not_fit_is_refused(tmp_path):
     (["--drafter", "without_replacement", "--verifier", "rrs_w"], "not lossless for 'without_replacement'"),
     (["--drafter", "spechub", "--verifier", "spechub"], "cannot fill tree 'eagle_default'"),
     (["--temperature", "-0.5"], "temperature must be >= 0"),
+    (["--base-model", "some/model"], "--ea-model is required with --base-model some/model"),
+    (["--ea-model", "/no/such/head"], "draft head /no/such/head does not exist"),
 ])
 def test_cli_errors_are_one_line(args, message):
     done = subprocess.run([sys.executable, "-m", "eagle_mdsd.cli", "generate", "--prompt", "hi", *args],

@@ -13,3 +13,19 @@ def tiny_target(vocab: int = 4, hidden: int = 32, seed: int = 0, sharpness: floa
     with torch.no_grad():  # spread the logits so p is far from uniform and far from q
         model.lm_head.weight.mul_(sharpness)
     return model.double()
+
+
+def tiny_family(family: str, vocab: int = 16, hidden: int = 32, seed: int = 0):
+    """Tiny random targets of other architectures the engine drives unmodified."""
+    from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    if family == "qwen2":
+        model = Qwen2ForCausalLM(Qwen2Config(**common, tie_word_embeddings=True))
+    elif family == "mistral":
+        model = MistralForCausalLM(MistralConfig(**common, sliding_window=None))
+    else:
+        model = LlamaForCausalLM(LlamaConfig(**common))
+    return model.eval().double()

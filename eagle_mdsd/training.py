@@ -1,0 +1,307 @@
+"""Training EAGLE-1 heads: data, train and export stages, each resumable.
+
+1. data: the target answers instruction prompts through its chat template
+   (self-distillation, greedy, batched); optionally the datasets' reference
+   responses are mixed in.  Token ids, the response start and the target's
+   features (last hidden state after the final norm) are written in shards
+   of `shard_size` samples; an existing shard is skipped, so a rerun resumes.
+   Spec-Bench / MT-Bench questions are never used: prompts equal to one of
+   them (after normalising case and spaces) are dropped.
+2. train: EAGLE's recipe - SmoothL1 between the predicted and the true next
+   feature + 0.1 x cross-entropy of the head's token distribution against
+   the target's, U(-0.1, 0.1) noise on input features, AdamW (0.9, 0.95),
+   gradient clipping 0.5.  Checkpoints every `save_every` steps and at the
+   end of a time budget; a rerun continues from the last one.
+3. export: the EAGLE-1 format (with the embedding copy) and a compact form
+   (fp16 safetensors without it), which `head.load_head` reads alike.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import re
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from . import head as head_module
+from . import models, questions
+
+DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "train_prompts"
+
+
+def _normalise(text: str) -> str:
+    return re.sub(r"\s+", " ", text).strip().lower()
+
+
+def benchmark_texts() -> set[str]:
+    return {_normalise(turn) for q in questions.load("spec_bench") for turn in q["turns"]}
+
+
+def _records(path: Path):
+    text = path.read_text()
+    if path.suffix == ".jsonl":
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+    data = json.loads(text)
+    return data if isinstance(data, list) else data.get("data", [])
+
+
+def load_prompts(paths) -> list[dict]:
+    """{"prompt", "reference"} from JSON/JSONL files or folders of them.
+
+    Understands instruction/input/response (GPTeacher, Alpaca), Alpaca seed
+    tasks (instruction + instances), and plain prompt/text fields.
+    Benchmark questions are removed.
+    """
+    files = []
+    for p in paths:
+        p = Path(p)
+        if not p.exists():
+            raise FileNotFoundError(f"prompt file or folder {p} does not exist")
+        files += sorted(p.glob("*.json*")) if p.is_dir() else [p]
+    banned = benchmark_texts()
+    prompts, seen = [], set()
+    for file in files:
+        for record in _records(file):
+            if not isinstance(record, dict):
+                continue
+            instruction = record.get("instruction") or record.get("prompt") or record.get("text") or ""
+            extra = record.get("input") or ""
+            reference = record.get("response") or record.get("output") or ""
+            if not extra and not reference and record.get("instances"):
+                extra = record["instances"][0].get("input", "")
+                reference = record["instances"][0].get("output", "")
+            prompt = f"{instruction}\n\n{extra}".strip() if extra else instruction.strip()
+            key = _normalise(prompt)
+            if not prompt or key in banned or key in seen:
+                continue
+            seen.add(key)
+            prompts.append({"prompt": prompt, "reference": reference})
+    if not prompts:
+        raise ValueError(f"no usable prompts in {', '.join(str(p) for p in paths)}")
+    return prompts
+
+
+# -- stage 1: data -------------------------------------------------------------------------
+
+
+def _features(target, sequences: list[list[int]], pad_id: int) -> list[torch.Tensor]:
+    """The target's final-norm hidden states for each sequence (right-padded batch)."""
+    length = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), length), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(sequences), length, dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        ids[row, : len(seq)] = torch.tensor(seq)
+        mask[row, : len(seq)] = 1
+    out = target.get_decoder()(input_ids=ids.to(target.device), attention_mask=mask.to(target.device))
+    return [out.last_hidden_state[row, : len(seq)].to("cpu", torch.bfloat16) for row, seq in enumerate(sequences)]
+
+
+def _generate(target, tokenizer, prompts: list[list[int]], max_new_tokens: int, pad_id: int) -> list[list[int]]:
+    """Greedy responses, batched with left padding."""
+    length = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), length), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(prompts), length, dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, length - len(prompt):] = torch.tensor(prompt)
+        mask[row, length - len(prompt):] = 1
+    out = target.generate(ids.to(target.device), attention_mask=mask.to(target.device), do_sample=False,
+                          max_new_tokens=max_new_tokens, pad_token_id=pad_id)
+    eos = target.generation_config.eos_token_id
+    eos = {eos} if isinstance(eos, int) else set(eos or [])
+    rows = out[:, length:].tolist()
+    return [row[: next((i + 1 for i, t in enumerate(row) if t in eos), len(row))] for row in rows]
+
+
+def make_data(out_dir: Path, prompt_paths, base_model=None, dtype="bfloat16", max_prompts: int | None = None,
+              max_new_tokens: int = 128, batch_size: int = 16, shard_size: int = 256, mix_reference: bool = False,
+              max_prompt_tokens: int = 384, seed: int = 0, max_minutes: float | None = None) -> list[Path]:
+    data_dir = Path(out_dir) / "data"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    prompts = load_prompts(prompt_paths)
+    random.Random(seed).shuffle(prompts)
+    prompts = prompts[:max_prompts] if max_prompts else prompts
+    (data_dir / "prompts.json").write_text(json.dumps({"count": len(prompts), "seed": seed,
+                                                        "sources": [str(p) for p in prompt_paths]}))
+    target, tokenizer = models.load_target(base_model, models.parse_dtype(dtype))
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    shards = []
+    deadline = time.monotonic() + 60 * max_minutes if max_minutes else None
+    for start in tqdm(range(0, len(prompts), shard_size), desc="data shards"):
+        shard = data_dir / f"shard_{start // shard_size:05d}.pt"
+        shards.append(shard)
+        if shard.exists():
+            continue
+        if deadline and time.monotonic() > deadline:
+            print(f"time budget reached: {len(list(data_dir.glob('shard_*.pt')))} shards done; rerun to continue")
+            break
+        samples = []
+        chunk = prompts[start : start + shard_size]
+        for batch_start in range(0, len(chunk), batch_size):
+            batch = chunk[batch_start : batch_start + batch_size]
+            encoded = [(models.chat_prompt_ids(tokenizer, item["prompt"]), item) for item in batch]
+            encoded = [(ids, item) for ids, item in encoded if len(ids) <= max_prompt_tokens]
+            if not encoded:
+                continue
+            prompt_ids, batch = [ids for ids, _ in encoded], [item for _, item in encoded]
+            with torch.inference_mode():
+                responses = _generate(target, tokenizer, prompt_ids, max_new_tokens, pad_id)
+                sequences = [p + r for p, r in zip(prompt_ids, responses)]
+                starts = [len(p) for p in prompt_ids]
+                if mix_reference:
+                    for p, item in zip(prompt_ids, batch):
+                        if item["reference"]:
+                            ref = tokenizer(item["reference"], add_special_tokens=False)["input_ids"]
+                            sequences.append(p + ref[: 2 * max_new_tokens])
+                            starts.append(len(p))
+                features = _features(target, sequences, pad_id)
+            samples += [{"ids": torch.tensor(s, dtype=torch.int32), "start": st, "features": f}
+                        for s, st, f in zip(sequences, starts, features)]
+        staging = shard.with_suffix(".tmp")
+        torch.save(samples, staging)
+        os.replace(staging, shard)  # atomic: an interrupt never leaves half a shard
+    return [s for s in shards if s.exists()]
+
+
+# -- stage 2: train ------------------------------------------------------------------------
+
+
+def _batches(shards: list[Path], tokens_per_batch: int, rng: random.Random):
+    """Batches of samples (lists), shard by shard in a shuffled order."""
+    order = list(shards)
+    rng.shuffle(order)
+    for shard in order:
+        samples = torch.load(shard, weights_only=True)
+        rng.shuffle(samples)
+        batch, tokens = [], 0
+        for sample in samples:
+            if len(sample["ids"]) - sample["start"] < 2:
+                continue
+            batch.append(sample)
+            tokens += len(sample["ids"])
+            if tokens >= tokens_per_batch:
+                yield batch
+                batch, tokens = [], 0
+        if batch:
+            yield batch
+
+
+def _collate(batch, hidden: int):
+    """Inputs (f_i, x_{i+1}) and targets f_{i+1} for i = 0..T-2, with a response mask."""
+    length = max(len(s["ids"]) for s in batch) - 1
+    features = torch.zeros(len(batch), length, hidden)
+    tokens = torch.zeros(len(batch), length, dtype=torch.long)
+    targets = torch.zeros(len(batch), length, hidden)
+    mask = torch.zeros(len(batch), length, dtype=torch.bool)
+    for row, sample in enumerate(batch):
+        n = len(sample["ids"]) - 1
+        features[row, :n] = sample["features"][:-1].float()
+        tokens[row, :n] = sample["ids"][1:].long()
+        targets[row, :n] = sample["features"][1:].float()
+        mask[row, max(sample["start"] - 1, 0) : n] = True  # predict response features only
+    return features, tokens, targets, mask
+
+
+def head_loss(draft_head, embed, lm_head, features, tokens, targets, mask, noise: float = 0.1):
+    """(loss, top-1 accuracy): SmoothL1 on features + 0.1 x CE against the target's distribution."""
+    batch, length, _ = features.shape
+    if noise:
+        features = features + (torch.rand_like(features) * 2 - 1) * noise
+    causal = torch.ones(length, length, dtype=torch.bool).tril()
+    attention = torch.zeros(length, length).masked_fill_(~causal, torch.finfo(torch.float32).min)
+    attention = attention[None, None].to(features.dtype).expand(batch, 1, length, length)
+    positions = torch.arange(1, length + 1)[None].expand(batch, -1)
+    predicted = draft_head(features, embed(tokens).to(features.dtype), positions, attention, None)
+    predicted, targets = predicted[mask], targets[mask]
+    feature_loss = torch.nn.functional.smooth_l1_loss(predicted.float(), targets.float())
+    with torch.no_grad():
+        target_probs = torch.softmax(lm_head(targets).float(), -1)
+    head_logp = torch.log_softmax(lm_head(predicted).float(), -1)
+    token_loss = -(target_probs * head_logp).sum(-1).mean()
+    accuracy = (head_logp.argmax(-1) == target_probs.argmax(-1)).float().mean()
+    return feature_loss + 0.1 * token_loss, float(accuracy)
+
+
+def train(out_dir: Path, base_model=None, epochs: float = 1.0, lr: float = 5e-4, tokens_per_batch: int = 4096,
+          save_every: int = 100, max_minutes: float | None = None, seed: int = 0, bf16: bool = True,
+          device: str = "cpu") -> dict:
+    out_dir = Path(out_dir)
+    shards = sorted((out_dir / "data").glob("shard_*.pt"))
+    if not shards:
+        raise FileNotFoundError(f"no data shards in {out_dir / 'data'}: run the data stage first")
+    target, _ = models.load_target(base_model, torch.float32, device)
+    for parameter in target.parameters():
+        parameter.requires_grad_(False)
+    embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
+    draft_head = head_module.random_head(target, seed).float().train()
+    optimizer = torch.optim.AdamW(draft_head.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+    checkpoint = out_dir / "checkpoint.pt"
+    state = {"step": 0, "epoch": 0, "batch_in_epoch": 0, "log": []}
+    if checkpoint.exists():
+        saved = torch.load(checkpoint, weights_only=False)
+        draft_head.load_state_dict(saved["head"])
+        optimizer.load_state_dict(saved["optimizer"])
+        state = saved["state"]
+    total_batches = sum(1 for _ in _batches(shards, tokens_per_batch, random.Random(seed)))
+    total_steps = max(1, int(total_batches * epochs))
+    deadline = time.monotonic() + 60 * max_minutes if max_minutes else None
+
+    def save():
+        staging = checkpoint.with_suffix(".tmp")
+        torch.save({"head": draft_head.state_dict(), "optimizer": optimizer.state_dict(), "state": state}, staging)
+        os.replace(staging, checkpoint)
+
+    progress = tqdm(total=total_steps, initial=state["step"], desc="train head")
+    started = time.monotonic()
+    while state["step"] < total_steps:
+        batches = _batches(shards, tokens_per_batch, random.Random(seed + state["epoch"]))
+        for index, batch in enumerate(batches):
+            if index < state["batch_in_epoch"]:
+                continue  # resume inside the epoch
+            if state["step"] >= total_steps or (deadline and time.monotonic() > deadline):
+                break
+            for group in optimizer.param_groups:  # linear warm-up, cosine decay
+                warm = min(1.0, (state["step"] + 1) / 50)
+                group["lr"] = lr * warm * 0.5 * (1 + math.cos(math.pi * state["step"] / total_steps))
+            features, tokens, targets, mask = (t.to(device) for t in _collate(batch, target.config.hidden_size))
+            with torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16, enabled=bf16):
+                loss, accuracy = head_loss(draft_head, embed, lm_head, features, tokens, targets, mask)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(draft_head.parameters(), 0.5)
+            optimizer.step()
+            state["step"] += 1
+            state["batch_in_epoch"] = index + 1
+            state["log"].append({"step": state["step"], "loss": loss.item(), "top1": accuracy})
+            progress.update(1)
+            progress.set_postfix(loss=f"{loss.item():.4f}", top1=f"{accuracy:.3f}")
+            if state["step"] % save_every == 0:
+                save()
+        else:
+            state["epoch"] += 1
+            state["batch_in_epoch"] = 0
+            continue
+        break
+    progress.close()
+    state["wall_time_s"] = state.get("wall_time_s", 0.0) + time.monotonic() - started
+    save()
+    return state
+
+
+# -- stage 3: export -----------------------------------------------------------------------
+
+
+def export(out_dir: Path, destination: Path, base_model=None, compact: bool = True) -> Path:
+    """Write the trained head: compact (fp16 safetensors, no embedding) or the full EAGLE-1 format."""
+    saved = torch.load(Path(out_dir) / "checkpoint.pt", weights_only=False)
+    target, _ = models.load_target(base_model, torch.float32)
+    draft_head = head_module.random_head(target).float()
+    draft_head.load_state_dict(saved["head"])
+    if compact:
+        return head_module.save_head(draft_head.half(), destination, safetensors=True)
+    return head_module.save_head(draft_head, destination, target=target)
