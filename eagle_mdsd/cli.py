@@ -140,6 +140,35 @@ def cmd_train_head(args) -> None:
         print(f"wrote {training.export(out, destination, args.base_model, compact=not args.eagle1_format)}")
 
 
+def cmd_bench(args) -> None:
+    from . import bench, engine, head, models, questions, tree
+
+    if args.temperature < 0:
+        raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
+    chosen = questions.load(args.bench)[args.question_begin : args.question_end]
+    topology = tree.load(args.tree) if args.method == "eagle" else None
+    verification.check_pair(args.drafter, args.verifier)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    target, tokenizer = models.load_target(args.base_model, models.parse_dtype(args.dtype), args.device)
+    draft_head = None
+    if args.method == "eagle":
+        draft_head = (head.random_head(target) if args.ea_model == "random"
+                      else head.load_head(args.ea_model or models.DEFAULT_HEAD, target))
+    eos = target.generation_config.eos_token_id
+    decoder = engine.Decoder(target, draft_head, topology, args.drafter, args.verifier,
+                             eos_token_ids=[eos] if isinstance(eos, int) else list(eos or []))
+    model_id = args.model_id or f"{models.model_name(args.base_model)}-{args.method}"
+    answer_file = Path(args.answer_file or f"evaluation/answers/{args.bench}/{model_id}.jsonl")
+    bench.run(decoder, tokenizer, chosen, answer_file, model_id, args.max_new_tokens, args.temperature, args.seed,
+              args.method)
+    summary = bench.summarise(answer_file)
+    print(json.dumps(summary["all"]) if args.json else
+          "\n".join(f"{name:16s} questions {s['questions']:3d}  tau {s['tau']:.2f}  {s['tokens_per_s']:.1f} tokens/s"
+                    for name, s in summary.items()))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eagle-mdsd", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -193,6 +222,25 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--export-to", default=None, help="export folder (default RUN/head)")
     train.add_argument("--eagle1-format", action="store_true", help="export pytorch_model.bin with the embedding copy")
     train.set_defaults(fn=cmd_train_head)
+    run = sub.add_parser("bench", help="answer MT-Bench / Spec-Bench questions into an answer file (resumable)")
+    run.add_argument("--bench", default="mt_bench", help="mt_bench, spec_bench, or a category")
+    run.add_argument("--question-begin", type=int, default=None)
+    run.add_argument("--question-end", type=int, default=None)
+    run.add_argument("--method", default="eagle", choices=["eagle", "baseline"])
+    run.add_argument("--base-model", default=None)
+    run.add_argument("--ea-model", default=None)
+    run.add_argument("--tree", default="eagle_default")
+    run.add_argument("--drafter", default="topk")
+    run.add_argument("--verifier", default="topk")
+    run.add_argument("--temperature", type=float, default=0.0)
+    run.add_argument("--max-new-tokens", type=int, default=128)
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--dtype", default="bfloat16")
+    run.add_argument("--device", default="cpu")
+    run.add_argument("--model-id", default=None)
+    run.add_argument("--answer-file", default=None)
+    run.add_argument("--json", action="store_true")
+    run.set_defaults(fn=cmd_bench)
     bench = sub.add_parser("bench-core", help="time one node's drafting/verification and alpha* on this machine")
     bench.add_argument("--out", default="evaluation/results", help="results folder")
     bench.add_argument("--max-drafts", type=int, default=8, help="largest n timed (default 8)")
