@@ -264,8 +264,7 @@ class Decoder:
                     node = parents[i]
                     draft_q[node] = q[i]
                     node_tokens[list(tree.children[node])] = drafts[row]
-        for layer in self.head_cache.layers:
-            layer.length = committed  # drop the tree entries
+        keep(self.head_cache, committed, node_tokens[:0])  # drop the tree entries
         # 3. one target forward over the whole tree.
         depth = torch.tensor(tree.depth, device=device)
         visible = torch.cat([torch.ones(tree.size + 1, length, dtype=torch.bool, device=device),
@@ -289,7 +288,8 @@ class Decoder:
             accepted.append(node)
             if output in self.eos:
                 return [int(node_tokens[n]) for n in accepted], None
-        # 5. commit: accepted entries next to the root, in both caches' sense.
+        # 5. commit: the accepted nodes' target entries move next to the root; the head
+        #    gets their true features as pending pairs at the start of the next cycle.
         keep(self.target_cache, length + 1, torch.tensor([length + n for n in accepted], device=device))
         path = [0] + accepted
         emitted = [int(node_tokens[n]) for n in accepted] + [bonus]
