@@ -138,6 +138,9 @@ def cmd_train_head(args) -> None:
     if args.stage in ("export", "all"):
         destination = Path(args.export_to) if args.export_to else out / "head"
         print(f"wrote {training.export(out, destination, args.base_model, compact=not args.eagle1_format)}")
+    if args.stage == "evaluate":
+        head_spec = Path(args.export_to) if args.export_to else out / "head"
+        print(json.dumps(training.evaluate(out, head_spec, args.base_model)))
 
 
 def cmd_bench(args) -> None:
@@ -204,7 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     greedy.add_argument("--out", default="evaluation/results")
     greedy.set_defaults(fn=cmd_check_greedy)
     train = sub.add_parser("train-head", help="train an EAGLE-1 head: data, train and export stages (resumable)")
-    train.add_argument("stage", choices=["data", "train", "export", "all"])
+    train.add_argument("stage", choices=["data", "train", "export", "all", "evaluate"])
     train.add_argument("--run", default="runs/smollm2-head", help="folder for shards, checkpoint and exports")
     train.add_argument("--base-model", default=None)
     train.add_argument("--prompts", nargs="*", help="JSON/JSONL files or folders (default: shared/data/train_prompts)")

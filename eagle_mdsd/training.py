@@ -126,7 +126,7 @@ def make_data(out_dir: Path, prompt_paths, base_model=None, dtype="bfloat16", ma
     prompts = load_prompts(prompt_paths)
     random.Random(seed).shuffle(prompts)
     prompts = prompts[:max_prompts] if max_prompts else prompts
-    (data_dir / "prompts.json").write_text(json.dumps({"count": len(prompts), "seed": seed,
+    (data_dir / "prompts.json").write_text(json.dumps({"count": len(prompts), "seed": seed, "shard_size": shard_size,
                                                         "sources": [str(p) for p in prompt_paths]}))
     target, tokenizer = models.load_target(base_model, models.parse_dtype(dtype))
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -291,6 +291,45 @@ def train(out_dir: Path, base_model=None, epochs: float = 1.0, lr: float = 5e-4,
     state["wall_time_s"] = state.get("wall_time_s", 0.0) + time.monotonic() - started
     save()
     return state
+
+
+# -- evaluation ---------------------------------------------------------------------------
+
+
+def teacher_forced_top1(draft_head, target, tokenizer, prompts: list[str], max_new_tokens: int = 64) -> float:
+    """How often the head's next-token argmax equals the target's, on the target's own greedy answers."""
+    from .engine import additive_mask
+
+    hits = total = 0
+    for prompt in prompts:
+        ids = models.chat_prompt_ids(tokenizer, prompt)
+        with torch.inference_mode():
+            sequence = target.generate(torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False)[0]
+            features = target.get_decoder()(sequence[None]).last_hidden_state[0]
+            sample = {"ids": sequence, "start": len(ids), "features": features}
+            inputs, tokens, targets, mask = _collate([sample], target.config.hidden_size)
+            length = inputs.shape[1]
+            attention = additive_mask(torch.ones(length, length, dtype=torch.bool).tril(), target.dtype)
+            predicted = draft_head(inputs.to(target.dtype), target.get_input_embeddings()(tokens),
+                                   torch.arange(1, length + 1)[None], attention, None)
+            lm_head = target.get_output_embeddings()
+            same = lm_head(predicted[mask]).argmax(-1) == lm_head(targets[mask].to(target.dtype)).argmax(-1)
+        hits, total = hits + int(same.sum()), total + len(same)
+    return hits / max(total, 1)
+
+
+def evaluate(out_dir: Path, head_spec, base_model=None, count: int = 16) -> dict:
+    """Teacher-forced top-1 on held-out training prompts (never used by the data stage) and MT-Bench."""
+    info = json.loads((Path(out_dir) / "data" / "prompts.json").read_text())
+    used = len(list((Path(out_dir) / "data").glob("shard_*.pt"))) * info.get("shard_size", 256)
+    prompts = load_prompts([Path(p) for p in info["sources"]])
+    random.Random(info["seed"]).shuffle(prompts)
+    held_out = [p["prompt"] for p in prompts[used : used + count]]
+    target, tokenizer = models.load_target(base_model, torch.bfloat16)
+    draft_head = head_module.load_head(head_spec, target)
+    mt_bench = [q["turns"][0] for q in questions.load("mt_bench")[:count]]
+    return {"held_out_prompts": count, "top1_held_out": teacher_forced_top1(draft_head, target, tokenizer, held_out),
+            "top1_mt_bench": teacher_forced_top1(draft_head, target, tokenizer, mt_bench)}
 
 
 # -- stage 3: export -----------------------------------------------------------------------

@@ -6,6 +6,8 @@ import itertools
 
 import torch
 
+from eagle_mdsd.verification import RecursiveRejection, _mix, _positive_part_normalised, _ratio, _take
+
 KINDS = ("random", "equal", "disjoint", "onehot_p", "zeros_in_q", "ties_in_q", "peaked_q")
 
 
@@ -58,3 +60,26 @@ def mixture(scheme, verifier, p, q, n):
     in_drafts = torch.zeros_like(plans, dtype=torch.bool).scatter_(-1, tuples, True)
     accepted = (probs * (plans * in_drafts).sum(-1)).sum()
     return (probs.unsqueeze(-1) * plans).sum(0), probs.sum(), float(accepted)
+
+
+class SkipsDuplicateUpdate(RecursiveRejection):
+    """RRS with replacement that skips the residual update of a repeated draft.
+
+    That is the bug of skipping duplicate siblings; the tests must catch it.
+    """
+
+    def __init__(self):
+        super().__init__("skips_duplicates", False, "")
+
+    def _plan(self, p, q, drafts):
+        residual, weights = p, []
+        still = torch.ones(p.shape[:-1], dtype=p.dtype)
+        for j in range(drafts.shape[-1]):
+            x = drafts[..., j]
+            seen = (drafts[..., :j] == x.unsqueeze(-1)).any(-1)
+            accept = _ratio(_take(residual, x), _take(q, x))
+            weights.append(still * accept)
+            still = still * (1 - accept)
+            updated = _positive_part_normalised(residual - q, residual)
+            residual = torch.where(seen.unsqueeze(-1), residual, updated)
+        return _mix(drafts, torch.stack(weights, -1), still, residual)

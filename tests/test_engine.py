@@ -9,8 +9,8 @@ import torch
 from scipy import stats
 
 from eagle_mdsd import engine, head, tree, verification
-from eagle_mdsd.verification import RecursiveRejection, _mix, _positive_part_normalised, _ratio, _take
 
+from instances import SkipsDuplicateUpdate
 from tiny import tiny_target
 
 PROMPT = [1, 2, 3, 0]
@@ -76,25 +76,9 @@ def test_first_three_tokens_follow_the_target_exactly(tiny, scheme, verifier, tr
     assert chi_square_p_value(empirical_first_three(decoder, 1.0), exact) > P_VALUE
 
 
-class SkipsDuplicates(RecursiveRejection):
-    """RRS that skips repeated sibling drafts (no residual update): biased."""
-
-    def _plan(self, p, q, drafts):
-        residual, weights = p, []
-        still = torch.ones(p.shape[:-1], dtype=p.dtype)
-        for j in range(drafts.shape[-1]):
-            x = drafts[..., j]
-            seen = (drafts[..., :j] == x.unsqueeze(-1)).any(-1)
-            accept = _ratio(_take(residual, x), _take(q, x))
-            weights.append(still * accept)
-            still = still * (1 - accept)
-            residual = torch.where(seen.unsqueeze(-1), residual, _positive_part_normalised(residual - q, residual))
-        return _mix(drafts, torch.stack(weights, -1), still, residual)
-
-
 def test_the_statistical_test_catches_a_biased_verifier(tiny):
     target, draft_head = tiny
-    broken = SkipsDuplicates("skips_duplicates", False, "")
+    broken = SkipsDuplicateUpdate()
     decoder = engine.Decoder(target, draft_head, tree.compile_tree(TREES["wide"]), "with_replacement", broken)
     assert chi_square_p_value(empirical_first_three(decoder, 1.0, 4000), exact_first_three(target, 1.0)) < P_VALUE
 
