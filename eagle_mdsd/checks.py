@@ -41,8 +41,7 @@ def greedy_equivalence(rows_file: Path, question_count: int = 5, max_new_tokens:
             continue
         target, tokenizer = models.load_target(None, models.parse_dtype(dtype))
         draft_head = head.random_head(target) if head_spec == "random" else head.load_head(head_spec, target)
-        eos = target.generation_config.eos_token_id
-        eos = [eos] if isinstance(eos, int) else list(eos or [])
+        eos = models.eos_token_ids(target, tokenizer)
         references = {}
         for question, tree_name in tqdm(todo, desc=f"greedy check {dtype}"):
             prompt = models.chat_prompt_ids(tokenizer, question["turns"][0])

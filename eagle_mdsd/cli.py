@@ -66,7 +66,10 @@ def cmd_bench_core(args) -> None:
         print(goal)
 
 
-def cmd_generate(args) -> None:
+def _decoder(args):
+    """(decoder, tokenizer) from the shared generate/bench options; cheap checks before loading."""
+    from transformers.utils import logging as hf_logging
+
     from . import engine, head, models, tree
 
     if args.temperature < 0:
@@ -79,20 +82,23 @@ def cmd_generate(args) -> None:
             raise ValueError(f"--ea-model is required with --base-model {args.base_model}: give the folder or hub id "
                              "of an EAGLE-1 head trained for it, or --ea-model random")
         if args.ea_model is None and not models.DEFAULT_HEAD.exists():
-            raise ValueError("no trained head for the embedded model ships with this version yet: "
+            raise ValueError("no trained head for the embedded model ships with this version: "
                              "pass --ea-model FOLDER, or --ea-model random (lossless but accepts few drafts)")
-    from transformers.utils import logging as hf_logging
-
     hf_logging.disable_progress_bar()
     target, tokenizer = models.load_target(args.base_model, models.parse_dtype(args.dtype), args.device)
     draft_head = None
     if args.method == "eagle":
-        if args.ea_model == "random":
-            draft_head = head.random_head(target, seed=args.seed)
-        else:
-            draft_head = head.load_head(args.ea_model or models.DEFAULT_HEAD, target)
+        draft_head = (head.random_head(target, seed=args.seed) if args.ea_model == "random"
+                      else head.load_head(args.ea_model or models.DEFAULT_HEAD, target))
     decoder = engine.Decoder(target, draft_head, topology, args.drafter, args.verifier,
-                             eos_token_ids=[tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])
+                             eos_token_ids=models.eos_token_ids(target, tokenizer))
+    return decoder, tokenizer
+
+
+def cmd_generate(args) -> None:
+    from . import models
+
+    decoder, tokenizer = _decoder(args)
     prompt = models.chat_prompt_ids(tokenizer, args.prompt)
     result = decoder.generate(prompt, args.max_new_tokens, args.temperature, args.seed, args.method)
     text = tokenizer.decode(result.token_ids, skip_special_tokens=True)
@@ -144,24 +150,10 @@ def cmd_train_head(args) -> None:
 
 
 def cmd_bench(args) -> None:
-    from . import bench, engine, head, models, questions, tree
+    from . import bench, models, questions
 
-    if args.temperature < 0:
-        raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
     chosen = questions.load(args.bench)[args.question_begin : args.question_end]
-    topology = tree.load(args.tree) if args.method == "eagle" else None
-    verification.check_pair(args.drafter, args.verifier)
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    target, tokenizer = models.load_target(args.base_model, models.parse_dtype(args.dtype), args.device)
-    draft_head = None
-    if args.method == "eagle":
-        draft_head = (head.random_head(target) if args.ea_model == "random"
-                      else head.load_head(args.ea_model or models.DEFAULT_HEAD, target))
-    eos = target.generation_config.eos_token_id
-    decoder = engine.Decoder(target, draft_head, topology, args.drafter, args.verifier,
-                             eos_token_ids=[eos] if isinstance(eos, int) else list(eos or []))
+    decoder, tokenizer = _decoder(args)
     model_id = args.model_id or f"{models.model_name(args.base_model)}-{args.method}"
     answer_file = Path(args.answer_file or f"evaluation/answers/{args.bench}/{model_id}.jsonl")
     bench.run(decoder, tokenizer, chosen, answer_file, model_id, args.max_new_tokens, args.temperature, args.seed,
@@ -255,7 +247,7 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         args.fn(args)
-    except (ValueError, FileNotFoundError) as error:
+    except (ValueError, OSError) as error:
         print(f"eagle-mdsd: error: {error}", file=sys.stderr)
         return 2
     return 0

@@ -150,6 +150,9 @@ class Decoder:
         self.eos = set(int(e) for e in eos_token_ids)
         if tree is not None:
             check_drafter_fits(self.scheme, tree, self.lm_head.weight.shape[0])
+            device = self.lm_head.weight.device
+            self.tree_depth = torch.tensor(tree.depth, device=device)
+            self.tree_visible = tree.ancestors.to(device)
 
     # -- target and head calls -------------------------------------------------------------
 
@@ -251,7 +254,7 @@ class Decoder:
             if depth > 0:
                 head_slots += parents
                 rows = torch.tensor(parents, device=device)
-                seen = tree.ancestors[rows][:, head_slots].to(device)
+                seen = self.tree_visible[rows][:, head_slots]
                 visible = torch.cat([torch.ones(len(parents), committed, dtype=torch.bool, device=device), seen], 1)
                 inputs = torch.stack([predicted[tree.parent[node]] for node in parents])
                 outputs = self._head(inputs, node_tokens[rows], torch.full_like(rows, length + depth), visible)
@@ -266,10 +269,9 @@ class Decoder:
                     node_tokens[list(tree.children[node])] = drafts[row]
         keep(self.head_cache, committed, node_tokens[:0])  # drop the tree entries
         # 3. one target forward over the whole tree.
-        depth = torch.tensor(tree.depth, device=device)
         visible = torch.cat([torch.ones(tree.size + 1, length, dtype=torch.bool, device=device),
-                             tree.ancestors.to(device)], 1)
-        features = self._target(node_tokens, length + depth, visible)
+                             self.tree_visible], 1)
+        features = self._target(node_tokens, length + self.tree_depth, visible)
         # 4. verify from the root down; logits only for the nodes the walk reaches.
         node, accepted = 0, []
         while True:

@@ -20,9 +20,6 @@ from pathlib import Path
 import torch
 from torch import nn
 
-HEAD_KEYS_OPTIONAL = ("embed_tokens.weight",)
-
-
 class EagleHead(nn.Module):
     def __init__(self, config, bias: bool = True):
         super().__init__()

@@ -89,9 +89,22 @@ def load_target(spec: str | None = None, dtype: torch.dtype = torch.float32, dev
         source, kwargs = path.parent, {"gguf_file": path.name}
     else:
         source = spec
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs).to(device).eval()
-    tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs).to(device).eval()
+        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+    except OSError as error:
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise OSError(f"cannot load base model {spec}: {first_line} (give a local folder, a .gguf file, "
+                      f"or a hub id on a machine with network)") from None
     return model, tokenizer
+
+
+def eos_token_ids(target, tokenizer=None) -> list[int]:
+    """The ids that end an answer: the generation config's, else the tokenizer's."""
+    eos = target.generation_config.eos_token_id if target.generation_config is not None else None
+    if eos is None and tokenizer is not None:
+        eos = tokenizer.eos_token_id
+    return [eos] if isinstance(eos, int) else list(eos or [])
 
 
 def model_name(spec: str | None) -> str:

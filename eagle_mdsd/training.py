@@ -102,7 +102,7 @@ def _features(target, sequences: list[list[int]], pad_id: int) -> list[torch.Ten
     return [out.last_hidden_state[row, : len(seq)].to("cpu", torch.bfloat16) for row, seq in enumerate(sequences)]
 
 
-def _generate(target, tokenizer, prompts: list[list[int]], max_new_tokens: int, pad_id: int) -> list[list[int]]:
+def _generate(target, prompts: list[list[int]], max_new_tokens: int, pad_id: int) -> list[list[int]]:
     """Greedy responses, batched with left padding."""
     length = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), length), pad_id, dtype=torch.long)
@@ -112,8 +112,7 @@ def _generate(target, tokenizer, prompts: list[list[int]], max_new_tokens: int, 
         mask[row, length - len(prompt):] = 1
     out = target.generate(ids.to(target.device), attention_mask=mask.to(target.device), do_sample=False,
                           max_new_tokens=max_new_tokens, pad_token_id=pad_id)
-    eos = target.generation_config.eos_token_id
-    eos = {eos} if isinstance(eos, int) else set(eos or [])
+    eos = set(models.eos_token_ids(target))
     rows = out[:, length:].tolist()
     return [row[: next((i + 1 for i, t in enumerate(row) if t in eos), len(row))] for row in rows]
 
@@ -150,7 +149,7 @@ def make_data(out_dir: Path, prompt_paths, base_model=None, dtype="bfloat16", ma
                 continue
             prompt_ids, batch = [ids for ids, _ in encoded], [item for _, item in encoded]
             with torch.inference_mode():
-                responses = _generate(target, tokenizer, prompt_ids, max_new_tokens, pad_id)
+                responses = _generate(target, prompt_ids, max_new_tokens, pad_id)
                 sequences = [p + r for p, r in zip(prompt_ids, responses)]
                 starts = [len(p) for p in prompt_ids]
                 if mix_reference:
