@@ -4,14 +4,23 @@ One JSON line per finished question, appended as soon as the question is done:
 {question_id, answer_id, model_id, category, choices: [{index, turns, idxs,
 new_tokens, wall_time, accept_lengths}], tstamp}.  A rerun skips the question
 ids already in the file; an interrupt never leaves a partial line.  Turns
-after the first see the earlier turns and answers through the chat template.
+after the first see the earlier turns and answers through the conversation
+template: fastchat's where fastchat knows the model (vicuna, ...), the
+tokenizer's chat template otherwise.
+
+Under `accelerate launch` every process answers its share of the questions
+into its own shard file next to the answer file; the main process merges the
+shards into the answer file, sorted by question id, once all are done (and
+any rerun merges shards an interrupted run left behind).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 from tqdm import tqdm
@@ -19,7 +28,40 @@ from tqdm import tqdm
 from . import models
 
 
-def conversation_ids(tokenizer, turns: list[str], answers: list[str]) -> list[int]:
+@dataclass(frozen=True)
+class Settings:
+    """How each question is answered."""
+
+    method: str = "eagle"
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    seed: int = 0
+    profile: bool = False
+    turns: int | None = None  # answer only the first turns (None: all)
+
+
+def fastchat_template(model_spec: str | None):
+    """fastchat's conversation template for the model, or None where fastchat has none of its own."""
+    if model_spec in (None, models.EMBEDDED):
+        return None
+    from fastchat.model import get_conversation_template
+
+    template = get_conversation_template(str(model_spec))
+    return None if template.name == "one_shot" else template  # one_shot is fastchat's catch-all
+
+
+def conversation_ids(tokenizer, turns: list[str], answers: list[str], template=None) -> list[int]:
+    """Token ids of the conversation so far, ending where the assistant's next answer starts."""
+    if template is not None or not getattr(tokenizer, "chat_template", None):
+        if template is None:
+            from fastchat.model import get_conversation_template
+
+            template = get_conversation_template("one_shot")
+        conversation = template.copy()
+        for i, turn in enumerate(turns):
+            conversation.append_message(conversation.roles[0], turn)
+            conversation.append_message(conversation.roles[1], answers[i] if i < len(answers) else None)
+        return tokenizer(conversation.get_prompt())["input_ids"]
     messages = []
     for i, turn in enumerate(turns):
         messages.append({"role": "user", "content": turn})
@@ -29,56 +71,76 @@ def conversation_ids(tokenizer, turns: list[str], answers: list[str]) -> list[in
     return [int(i) for i in (ids["input_ids"] if hasattr(ids, "keys") else ids)]
 
 
-def answer(decoder, tokenizer, question: dict, max_new_tokens: int, temperature: float, seed: int,
-           method: str) -> dict:
-    turns, idxs, new_tokens, wall_time, accept_lengths = [], [], [], [], []
-    for index in range(len(question["turns"])):
-        prompt = conversation_ids(tokenizer, question["turns"][: index + 1], turns)
-        result = decoder.generate(prompt, max_new_tokens, temperature, seed + index, method)
+def answer(decoder, tokenizer, question: dict, settings: Settings, template=None) -> dict:
+    """The question's turns (the first `settings.turns`, or all); each turn sees the earlier answers."""
+    turns, idxs, new_tokens, wall_time, accept_lengths, profiles = [], [], [], [], [], []
+    for index in range(min(len(question["turns"]), settings.turns or len(question["turns"]))):
+        prompt = conversation_ids(tokenizer, question["turns"][: index + 1], turns, template)
+        result = decoder.generate(prompt, settings.max_new_tokens, settings.temperature, settings.seed + index,
+                                  settings.method, profile=settings.profile)
         turns.append(tokenizer.decode(result.token_ids, skip_special_tokens=True).strip())
         idxs.append(result.cycles)
         new_tokens.append(result.new_tokens)
         wall_time.append(result.wall_time_s)
         accept_lengths.append(result.accept_lengths)
-    return {"index": 0, "turns": turns, "idxs": idxs, "new_tokens": new_tokens, "wall_time": wall_time,
-            "accept_lengths": accept_lengths}
+        profiles.append(result.profile)
+    choice = {"index": 0, "turns": turns, "idxs": idxs, "new_tokens": new_tokens, "wall_time": wall_time,
+              "accept_lengths": accept_lengths}
+    return choice | ({"profile": profiles} if settings.profile else {})
+
+
+def read_rows(answer_file: Path) -> list[dict]:
+    """The finished lines of an answer file (none if it does not exist)."""
+    path = Path(answer_file)
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def shard_files(answer_file: Path) -> list[Path]:
+    return sorted(answer_file.parent.glob(f"{answer_file.stem}.shard*.jsonl"))
 
 
 def finished_ids(answer_file: Path) -> set[int]:
-    if not answer_file.exists():
-        return set()
-    return {json.loads(line)["question_id"] for line in answer_file.read_text().splitlines() if line.strip()}
+    """Question ids finished in the answer file or in any of its shards."""
+    return {row["question_id"] for path in [answer_file, *shard_files(answer_file)] for row in read_rows(path)}
 
 
-def run(decoder, tokenizer, questions: list[dict], answer_file: Path, model_id: str, max_new_tokens: int = 128,
-        temperature: float = 0.0, seed: int = 0, method: str = "eagle", warmup: bool = True) -> Path:
+def merge_shards(answer_file: Path) -> None:
+    """Fold the shard files into the answer file, one line per question id, sorted; atomic."""
+    shards = shard_files(answer_file)
+    if not shards:
+        return
+    rows: dict[int, dict] = {}
+    for path in [answer_file, *shards]:
+        for row in read_rows(path):
+            rows.setdefault(row["question_id"], row)
+    staging = answer_file.with_suffix(".merging")
+    staging.write_text("".join(json.dumps(rows[qid]) + "\n" for qid in sorted(rows)))
+    os.replace(staging, answer_file)
+    for path in shards:
+        path.unlink()
+
+
+def run(decoder, tokenizer, questions: list[dict], answer_file: Path, model_id: str, settings: Settings,
+        template=None, warmup: bool = True, process: tuple[int, int] = (0, 1), progress: bool = True) -> Path:
+    """Answer the unfinished `questions` into `answer_file`; process = (index, count) shares them out."""
+    index, count = process
+    answer_file = Path(answer_file)
     answer_file.parent.mkdir(parents=True, exist_ok=True)
     done = finished_ids(answer_file)
-    todo = [q for q in questions if q["question_id"] not in done]
+    # Share out the full list, not what is left: the shares must not depend on when each process looks.
+    todo = [q for q in questions[index::count] if q["question_id"] not in done]
+    target_file = answer_file if count == 1 else answer_file.with_name(
+        f"{answer_file.stem}.shard{index:03d}-of-{count:03d}.jsonl")
     if todo and warmup:  # first calls pay one-off costs (allocations, kernels): not timed
-        decoder.generate(models.chat_prompt_ids(tokenizer, "Hello!"), 16, temperature, seed, method)
-    for question in tqdm(todo, desc=f"{model_id} {method}"):
-        choice = answer(decoder, tokenizer, question, max_new_tokens, temperature, seed, method)
+        decoder.generate(conversation_ids(tokenizer, ["Hello!"], [], template), 16, settings.temperature,
+                         settings.seed, settings.method)
+    for question in tqdm(todo, desc=f"{model_id} {settings.method}", disable=index > 0 or not progress):
+        choice = answer(decoder, tokenizer, question, settings, template)
         line = json.dumps({"question_id": question["question_id"], "answer_id": uuid.uuid4().hex,
                            "model_id": model_id, "category": question.get("category"), "choices": [choice],
                            "tstamp": time.time()})
-        with answer_file.open("a") as handle:  # one write per finished question
+        with target_file.open("a") as handle:  # one write per finished question
             handle.write(line + "\n")
-    return answer_file
-
-
-def summarise(answer_file: Path) -> dict:
-    """tau, tokens/s and totals per category and overall, recomputed from the file."""
-    rows = [json.loads(line) for line in Path(answer_file).read_text().splitlines() if line.strip()]
-    groups: dict[str, list[dict]] = {"all": rows}
-    for row in rows:
-        groups.setdefault(row.get("category") or "unknown", []).append(row)
-    summary = {}
-    for name, group in groups.items():
-        tokens = sum(sum(r["choices"][0]["new_tokens"]) for r in group)
-        cycles = sum(sum(r["choices"][0]["idxs"]) for r in group)
-        seconds = sum(sum(r["choices"][0]["wall_time"]) for r in group)
-        summary[name] = {"questions": len(group), "new_tokens": tokens, "cycles": cycles,
-                         "tau": tokens / max(cycles, 1), "tokens_per_s": tokens / seconds if seconds else 0.0,
-                         "wall_time_s": seconds}
-    return summary
+    return target_file

@@ -9,6 +9,8 @@ from pathlib import Path
 
 from . import drafting, theory, verification
 
+METHODS = ["eagle", "baseline", "hf_generate", "prompt_lookup"]
+
 
 def _distribution(text: str, what: str) -> list[float]:
     try:
@@ -66,18 +68,22 @@ def cmd_bench_core(args) -> None:
         print(goal)
 
 
-def _decoder(args):
-    """(decoder, tokenizer) from the shared generate/bench options; cheap checks before loading."""
+def _runner(args, device=None):
+    """(runner, tokenizer) for the shared generate/bench options; cheap checks before loading.
+
+    The runner is an engine.Decoder (eagle, baseline) or a peers.TransformersPeer (hf_generate, prompt_lookup).
+    """
     from transformers.utils import logging as hf_logging
 
-    from . import engine, head, models, tree
+    from . import head, models, suite, tree
+    from .engine import check_drafter_fits
 
     if args.temperature < 0:
         raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
     topology = tree.load(args.tree) if args.method == "eagle" else None
     verification.check_pair(args.drafter, args.verifier)
     if topology is not None:
-        engine.check_drafter_fits(args.drafter, topology)
+        check_drafter_fits(args.drafter, topology)
         if args.ea_model is None and args.base_model not in (None, models.EMBEDDED):
             raise ValueError(f"--ea-model is required with --base-model {args.base_model}: give the folder or hub id "
                              "of an EAGLE-1 head trained for it, or --ea-model random")
@@ -85,22 +91,28 @@ def _decoder(args):
             raise ValueError("no trained head for the embedded model ships with this version: "
                              "pass --ea-model FOLDER, or --ea-model random (lossless but accepts few drafts)")
     hf_logging.disable_progress_bar()
-    target, tokenizer = models.load_target(args.base_model, models.parse_dtype(args.dtype), args.device)
+    target, tokenizer = models.load_target(args.base_model, models.parse_dtype(args.dtype), device or args.device)
     draft_head = None
     if args.method == "eagle":
         draft_head = (head.random_head(target, seed=args.seed) if args.ea_model == "random"
                       else head.load_head(args.ea_model or models.DEFAULT_HEAD, target))
-    decoder = engine.Decoder(target, draft_head, topology, args.drafter, args.verifier,
-                             eos_token_ids=models.eos_token_ids(target, tokenizer))
-    return decoder, tokenizer
+    return suite.make_runner(args.method, target, tokenizer, draft_head, topology, args.drafter, args.verifier), \
+        tokenizer
+
+
+def _print_profile(profile: dict, cycles: int) -> None:
+    if profile and cycles:
+        phases = ", ".join(f"{phase} {1000 * seconds / cycles:.1f}" for phase, seconds in profile.items())
+        print(f"[ms per cycle: {phases}]", file=sys.stderr)
 
 
 def cmd_generate(args) -> None:
     from . import models
 
-    decoder, tokenizer = _decoder(args)
+    runner, tokenizer = _runner(args)
     prompt = models.chat_prompt_ids(tokenizer, args.prompt)
-    result = decoder.generate(prompt, args.max_new_tokens, args.temperature, args.seed, args.method)
+    result = runner.generate(prompt, args.max_new_tokens, args.temperature, args.seed, args.method,
+                             profile=args.profile)
     text = tokenizer.decode(result.token_ids, skip_special_tokens=True)
     if args.json:
         print(json.dumps({"text": text} | result.to_dict()))
@@ -108,6 +120,7 @@ def cmd_generate(args) -> None:
     print(text)
     print(f"[{result.new_tokens} tokens, {result.cycles} cycles, tau {result.tau:.2f}, "
           f"{result.tokens_per_s:.1f} tokens/s]", file=sys.stderr)
+    _print_profile(result.profile, result.cycles)
 
 
 def cmd_check_greedy(args) -> None:
@@ -150,18 +163,75 @@ def cmd_train_head(args) -> None:
 
 
 def cmd_bench(args) -> None:
-    from . import bench, models, questions
+    from accelerate import PartialState
+
+    from . import bench, models, questions, report
 
     chosen = questions.load(args.bench)[args.question_begin : args.question_end]
-    decoder, tokenizer = _decoder(args)
+    # One process unless started by `accelerate launch` (GPUs) or `torchrun` (CPU processes, gloo).
+    state = PartialState(cpu=args.device == "cpu")
+    device = args.device
+    if state.num_processes > 1 and device == "cuda":
+        device = str(state.device)  # one GPU per process
+    runner, tokenizer = _runner(args, device)
     model_id = args.model_id or f"{models.model_name(args.base_model)}-{args.method}"
     answer_file = Path(args.answer_file or f"evaluation/answers/{args.bench}/{model_id}.jsonl")
-    bench.run(decoder, tokenizer, chosen, answer_file, model_id, args.max_new_tokens, args.temperature, args.seed,
-              args.method)
-    summary = bench.summarise(answer_file)
+    settings = bench.Settings(args.method, args.max_new_tokens, args.temperature, args.seed, args.profile,
+                              args.turns)
+    bench.run(runner, tokenizer, chosen, answer_file, model_id, settings, bench.fastchat_template(args.base_model),
+              process=(state.process_index, state.num_processes))
+    state.wait_for_everyone()
+    if not state.is_main_process:
+        return
+    bench.merge_shards(answer_file)
+    summary = report.summarise(answer_file)
     print(json.dumps(summary["all"]) if args.json else
           "\n".join(f"{name:16s} questions {s['questions']:3d}  tau {s['tau']:.2f}  {s['tokens_per_s']:.1f} tokens/s"
                     for name, s in summary.items()))
+
+
+def cmd_report(args) -> None:
+    from . import report
+
+    baseline = Path(args.baseline) if args.baseline else None
+    md, png = report.write([Path(f) for f in args.answer_files], Path(args.out), baseline, args.title)
+    print(md.read_text())
+    print(f"wrote {md} and {png}")
+
+
+def _floats(text: str, what: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"--{what} must be comma-separated numbers such as 0,0.6,1") from None
+    if any(v < 0 for v in values):
+        raise ValueError(f"--{what} must be >= 0, got {text}")
+    return values
+
+
+def cmd_benchmark(args) -> None:
+    from . import suite
+
+    result = suite.run_benchmark(Path(args.out), Path(args.answers), args.bench, None if args.all else args.questions,
+                                 _floats(args.temperatures, "temperatures"), args.methods.split(","), args.dtype,
+                                 args.device, args.max_new_tokens, args.tree, args.drafter, args.verifier, args.seed)
+    stem = Path(args.out) / f"benchmark_{result['date']}_{args.dtype}"
+    print(stem.with_suffix(".md").read_text())
+    print(f"wrote {stem}.md, .json and the charts")
+
+
+def cmd_sweep(args) -> None:
+    from . import suite
+
+    pairs = None
+    if args.pairs != "all":
+        pairs = [tuple(pair.split("/")) for pair in args.pairs.split(",")]
+        if any(len(pair) != 2 for pair in pairs):
+            raise ValueError("--pairs must be 'all' or drafter/verifier pairs such as topk/topk,greedy/greedy")
+    md = suite.sweep(Path(args.out), Path(args.answers), args.trees.split(","), _floats(args.temperatures,
+                     "temperatures"), pairs, args.bench, args.questions, args.turns or None, args.max_new_tokens,
+                     args.dtype, args.device, args.seed, args.name)
+    print(md.read_text())
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -187,7 +257,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
     gen.add_argument("--device", default="cpu")
-    gen.add_argument("--method", default="eagle", choices=["eagle", "baseline"])
+    gen.add_argument("--method", default="eagle", choices=METHODS)
+    gen.add_argument("--profile", action="store_true", help="time the phases of a cycle (draft, target, verify, commit)")
     gen.add_argument("--json", action="store_true", help="print one JSON object with the text and the stats")
     gen.set_defaults(fn=cmd_generate)
     greedy = sub.add_parser("check-greedy", help="T=0 token equality with transformers generate, embedded model")
@@ -221,7 +292,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--bench", default="mt_bench", help="mt_bench, spec_bench, or a category")
     run.add_argument("--question-begin", type=int, default=None)
     run.add_argument("--question-end", type=int, default=None)
-    run.add_argument("--method", default="eagle", choices=["eagle", "baseline"])
+    run.add_argument("--method", default="eagle", choices=METHODS,
+                     help="eagle, baseline (autoregressive, same loop), hf_generate or prompt_lookup (transformers)")
     run.add_argument("--base-model", default=None)
     run.add_argument("--ea-model", default=None)
     run.add_argument("--tree", default="eagle_default")
@@ -231,11 +303,50 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-new-tokens", type=int, default=128)
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--dtype", default="bfloat16")
-    run.add_argument("--device", default="cpu")
+    run.add_argument("--device", default="cpu", help="cpu, cuda (one GPU per process under accelerate launch), auto")
+    run.add_argument("--turns", type=int, default=None, help="answer only the first N turns (default: all)")
+    run.add_argument("--profile", action="store_true", help="record where each cycle's time goes")
     run.add_argument("--model-id", default=None)
     run.add_argument("--answer-file", default=None)
     run.add_argument("--json", action="store_true")
     run.set_defaults(fn=cmd_bench)
+    rep = sub.add_parser("report", help="tokens/s, speedup, tau per category from answer files: markdown + PNG")
+    rep.add_argument("answer_files", nargs="+")
+    rep.add_argument("--baseline", default=None, help="answer file of the baseline the speedups are against")
+    rep.add_argument("--out", default="evaluation/results/report", help="writes OUT.md and OUT.png")
+    rep.add_argument("--title", default="")
+    rep.set_defaults(fn=cmd_report)
+    suite_parser = sub.add_parser("benchmark", help="the embedded-default MT-Bench benchmark: every method, report")
+    suite_parser.add_argument("--bench", default="mt_bench")
+    suite_parser.add_argument("--questions", type=int, default=8, help="questions, spread over the categories")
+    suite_parser.add_argument("--all", action="store_true", help="every question of --bench")
+    suite_parser.add_argument("--temperatures", default="0,1")
+    suite_parser.add_argument("--methods", default=",".join(METHODS))
+    suite_parser.add_argument("--dtype", default="bfloat16")
+    suite_parser.add_argument("--device", default="cpu")
+    suite_parser.add_argument("--max-new-tokens", type=int, default=128)
+    suite_parser.add_argument("--tree", default="eagle_default")
+    suite_parser.add_argument("--drafter", default="topk")
+    suite_parser.add_argument("--verifier", default="topk")
+    suite_parser.add_argument("--seed", type=int, default=0)
+    suite_parser.add_argument("--out", default="evaluation/results")
+    suite_parser.add_argument("--answers", default="evaluation/answers/benchmark")
+    suite_parser.set_defaults(fn=cmd_benchmark)
+    sw = sub.add_parser("sweep", help="tau and tokens/s of every tree x drafter/verifier x temperature cell")
+    sw.add_argument("--trees", default="chain4,binary_depth4,quad_depth3,eagle_default")
+    sw.add_argument("--temperatures", default="0,0.1,0.6,1")
+    sw.add_argument("--pairs", default="all", help="'all' or drafter/verifier,... e.g. topk/topk,greedy/greedy")
+    sw.add_argument("--bench", default="mt_bench")
+    sw.add_argument("--questions", type=int, default=8)
+    sw.add_argument("--turns", type=int, default=1, help="turns per question (0: all)")
+    sw.add_argument("--max-new-tokens", type=int, default=64)
+    sw.add_argument("--dtype", default="bfloat16")
+    sw.add_argument("--device", default="cpu")
+    sw.add_argument("--seed", type=int, default=0)
+    sw.add_argument("--name", default=None, help="results name (default sweep_<date>_<dtype>)")
+    sw.add_argument("--out", default="evaluation/results")
+    sw.add_argument("--answers", default="evaluation/answers/sweeps")
+    sw.set_defaults(fn=cmd_sweep)
     bench = sub.add_parser("bench-core", help="time one node's drafting/verification and alpha* on this machine")
     bench.add_argument("--out", default="evaluation/results", help="results folder")
     bench.add_argument("--max-drafts", type=int, default=8, help="largest n timed (default 8)")

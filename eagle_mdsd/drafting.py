@@ -63,10 +63,18 @@ def top_tokens(q: torch.Tensor, k: int) -> torch.Tensor:
     # lowest-index rule exactly, falling back to a stable sort when a tie
     # crosses the cut.
     threshold = values[..., -1:]
-    crosses = (q >= threshold).sum(-1) != k
+    at_least = q >= threshold
+    crosses = at_least.sum(-1) != k
     if bool(crosses.any()):
-        order = torch.sort(q, dim=-1, descending=True, stable=True).indices[..., :k]
-        indices = torch.where(crosses.unsqueeze(-1), order, indices)
+        # Only tokens at or above the cut can be chosen, and they are few even when
+        # low-precision logits make ties common: sort just those, by value then index.
+        flat_q, flat_at_least = q.reshape(-1, q.shape[-1]), at_least.reshape(-1, q.shape[-1])
+        indices = indices.reshape(-1, k).clone()
+        for row in crosses.reshape(-1).nonzero().squeeze(-1).tolist():
+            candidates = flat_at_least[row].nonzero().squeeze(-1)
+            order = torch.sort(flat_q[row, candidates], descending=True, stable=True).indices[:k]
+            indices[row] = candidates[order]
+        indices = indices.reshape(values.shape)
     key = torch.sort(indices, dim=-1).values
     ordered = torch.sort(q.gather(-1, key), dim=-1, descending=True, stable=True).indices
     return key.gather(-1, ordered)

@@ -98,6 +98,33 @@ def warp(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return torch.softmax(logits.float() / temperature, -1)
 
 
+class PhaseTimer:
+    """Seconds per phase of the decoding loop (draft, target, verify, commit), when enabled.
+
+    On CUDA each lap synchronises, so profiling slows the loop a little; off, it costs nothing.
+    """
+
+    def __init__(self, enabled: bool, device: torch.device):
+        self.enabled, self.cuda = enabled, device.type == "cuda"
+        self.seconds: dict[str, float] = {}
+        self.last = 0.0
+
+    def _now(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def start(self) -> None:
+        if self.enabled:
+            self.last = self._now()
+
+    def lap(self, phase: str) -> None:
+        if self.enabled:
+            now = self._now()
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + now - self.last
+            self.last = now
+
+
 @dataclass
 class GenerationResult:
     prompt_token_ids: list[int]
@@ -106,6 +133,7 @@ class GenerationResult:
     accept_lengths: list[int] = field(default_factory=list)
     prefill_time_s: float = 0.0
     wall_time_s: float = 0.0
+    profile: dict[str, float] = field(default_factory=dict)  # seconds per phase, with profile=True
 
     @property
     def new_tokens(self) -> int:
@@ -170,7 +198,7 @@ class Decoder:
     # -- the loop ---------------------------------------------------------------------------
 
     def generate(self, prompt_ids, max_new_tokens: int = 128, temperature: float = 0.0, seed: int = 0,
-                 method: str = "eagle") -> GenerationResult:
+                 method: str = "eagle", profile: bool = False) -> GenerationResult:
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {temperature}")
         if max_new_tokens < 1:
@@ -191,6 +219,7 @@ class Decoder:
         self.target_cache = preallocated_cache(self.target.config.num_hidden_layers, capacity)
         self.head_cache = preallocated_cache(1, capacity) if method == "eagle" else None
         generator = torch.Generator(device=device).manual_seed(seed)
+        self.timer = PhaseTimer(profile, device)
         with torch.inference_mode():
             return self._run(prompt, max_new_tokens, temperature, generator, method)
 
@@ -205,9 +234,12 @@ class Decoder:
         pending = (features, torch.cat([prompt[1:], prompt.new_tensor([root])]))
         while root not in self.eos and result.new_tokens < max_new_tokens:
             if method == "baseline":
+                self.timer.start()
                 visible = torch.ones(1, length + 1, dtype=torch.bool, device=prompt.device)
                 features = self._target(prompt.new_tensor([root]), prompt.new_tensor([length]), visible)
+                self.timer.lap("target")
                 emitted, pending = [self._sample(warp(self.lm_head(features[-1]), temperature), generator)], None
+                self.timer.lap("verify")
             else:
                 emitted, pending = self._cycle(length, root, pending, temperature, generator)
             result.cycles += 1
@@ -222,6 +254,7 @@ class Decoder:
         del result.token_ids[max_new_tokens:]
         result.prefill_time_s = prefill_time
         result.wall_time_s = time.perf_counter() - start
+        result.profile = dict(self.timer.seconds)
         return result
 
     def _sample(self, p, generator) -> int:
@@ -233,6 +266,7 @@ class Decoder:
 
     def _cycle(self, length, root, pending, temperature, generator):
         tree, device = self.tree, self.lm_head.weight.device
+        self.timer.start()
         # 1. the head catches up on the pairs with true features; its last output is the root's.
         features, tokens = pending
         committed = self.head_cache.layers[0].length
@@ -268,10 +302,12 @@ class Decoder:
                     draft_q[node] = q[i]
                     node_tokens[list(tree.children[node])] = drafts[row]
         keep(self.head_cache, committed, node_tokens[:0])  # drop the tree entries
+        self.timer.lap("draft")
         # 3. one target forward over the whole tree.
         visible = torch.cat([torch.ones(tree.size + 1, length, dtype=torch.bool, device=device),
                              self.tree_visible], 1)
         features = self._target(node_tokens, length + self.tree_depth, visible)
+        self.timer.lap("target")
         # 4. verify from the root down; logits only for the nodes the walk reaches.
         node, accepted = 0, []
         while True:
@@ -289,10 +325,14 @@ class Decoder:
             node = kids[int(match[0])]
             accepted.append(node)
             if output in self.eos:
+                self.timer.lap("verify")
                 return [int(node_tokens[n]) for n in accepted], None
+        self.timer.lap("verify")
         # 5. commit: the accepted nodes' target entries move next to the root; the head
         #    gets their true features as pending pairs at the start of the next cycle.
         keep(self.target_cache, length + 1, torch.tensor([length + n for n in accepted], device=device))
         path = [0] + accepted
         emitted = [int(node_tokens[n]) for n in accepted] + [bonus]
-        return emitted, (features[path], torch.tensor(emitted, device=device))
+        pending = (features[path], torch.tensor(emitted, device=device))
+        self.timer.lap("commit")
+        return emitted, pending

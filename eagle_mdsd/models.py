@@ -76,7 +76,10 @@ def _embedded_folder() -> Path:
 
 
 def load_target(spec: str | None = None, dtype: torch.dtype = torch.float32, device: str = "cpu"):
-    """(model, tokenizer) for a hub id, a local folder, a .gguf file, or None / 'embedded'."""
+    """(model, tokenizer) for a hub id, a local folder, a .gguf file, or None / 'embedded'.
+
+    device: 'cpu', 'cuda', 'cuda:1', ... or 'auto' (device_map="auto": layers spread over the GPUs).
+    """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kwargs = {}
@@ -90,7 +93,10 @@ def load_target(spec: str | None = None, dtype: torch.dtype = torch.float32, dev
     else:
         source = spec
     try:
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs).to(device).eval()
+        if device == "auto":  # spread a large target over the visible GPUs (and CPU) with accelerate
+            model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, device_map="auto", **kwargs).eval()
+        else:
+            model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs).to(device).eval()
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
     except OSError as error:
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__

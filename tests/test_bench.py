@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from eagle_mdsd import bench, engine, head, models, questions, tree
+from eagle_mdsd import bench, engine, head, models, peers, questions, report, suite, tree
 
 
 @pytest.fixture(scope="module")
@@ -29,9 +29,10 @@ def test_answer_files_are_valid_and_resume(tmp_path, small_chat_model, method):
     decoder = engine.Decoder(target, head.random_head(target), tree.load("chain4"))
     chosen = questions.load("mt_bench")[:3]
     answer_file = tmp_path / "answers.jsonl"
-    bench.run(decoder, tokenizer, chosen[:2], answer_file, "tiny", 6, 0.0, method=method)
+    settings = bench.Settings(method, max_new_tokens=6)
+    bench.run(decoder, tokenizer, chosen[:2], answer_file, "tiny", settings)
     first = answer_file.read_text().splitlines()
-    bench.run(decoder, tokenizer, chosen, answer_file, "tiny", 6, 0.0, method=method)  # resumes: only question 3
+    bench.run(decoder, tokenizer, chosen, answer_file, "tiny", settings)  # resumes: only question 3
     lines = answer_file.read_text().splitlines()
     assert lines[:2] == first and len(lines) == 3
     rows = [json.loads(line) for line in lines]
@@ -42,7 +43,7 @@ def test_answer_files_are_valid_and_resume(tmp_path, small_chat_model, method):
         assert len(choice["turns"]) == 2 == len(choice["idxs"]) == len(choice["new_tokens"])
         # the token sampled after the prefill plus every cycle's tokens, cut at max_new_tokens
         assert all(n == min(1 + sum(a), 6) for a, n in zip(choice["accept_lengths"], choice["new_tokens"]))
-    summary = bench.summarise(answer_file)
+    summary = report.summarise(answer_file)
     tokens = sum(sum(r["choices"][0]["new_tokens"]) for r in rows)
     cycles = sum(sum(r["choices"][0]["idxs"]) for r in rows)
     assert summary["all"]["new_tokens"] == tokens and summary["all"]["tau"] == pytest.approx(tokens / cycles)
@@ -54,3 +55,119 @@ def test_second_turn_sees_the_first_answer(small_chat_model):
     ids = bench.conversation_ids(tokenizer, ["Say hi.", "Again."], ["hi"])
     text = tokenizer.decode(ids)
     assert text.index("Say hi.") < text.index("hi", text.index("Say hi.") + 7) < text.index("Again.")
+
+
+def test_peers_match_the_engine_and_count_passes(small_chat_model):
+    target, tokenizer = small_chat_model
+    prompt = models.chat_prompt_ids(tokenizer, "Name a color.")
+    baseline = engine.Decoder(target).generate(prompt, 12, method="baseline")
+    peer = peers.TransformersPeer(target, eos_token_ids=[])
+    greedy = peer.generate(prompt, 12, method="hf_generate")
+    lookup = peer.generate(prompt, 12, method="prompt_lookup")
+    assert greedy.token_ids == baseline.token_ids == lookup.token_ids
+    assert greedy.cycles == 11  # one forward per token after the prefill's
+    assert 1 <= lookup.cycles <= 11
+    first, again = (peer.generate(prompt, 12, temperature=1.0, seed=3) for _ in range(2))
+    assert first.token_ids == again.token_ids and len(first.token_ids) == 12
+    with pytest.raises(ValueError, match="unknown peer method"):
+        peer.generate(prompt, 4, method="medusa")
+
+
+def test_peer_sampling_ignores_the_models_top_k_and_top_p(small_chat_model):
+    target, _ = small_chat_model
+    config = peers.TransformersPeer(target, [2])._config(8, 0.7, "hf_generate")
+    assert config.do_sample and config.temperature == 0.7 and config.top_k == 0 and config.top_p == 1.0
+
+
+def _fake_row(qid, category, tokens, seconds, cycles):
+    return {"question_id": qid, "category": category, "model_id": "m",
+            "choices": [{"new_tokens": tokens, "wall_time": seconds, "idxs": cycles, "turns": ["a"] * len(tokens)}]}
+
+
+def test_report_recomputes_from_the_files(tmp_path):
+    fast, slow = tmp_path / "fast.jsonl", tmp_path / "slow.jsonl"
+    fast.write_text("\n".join(json.dumps(r) for r in [_fake_row(1, "x", [10, 20], [1.0, 1.0], [5, 10]),
+                                                        _fake_row(2, "y", [30], [1.0], [10])]) + "\n")
+    # the baseline lacks question 2: speedups compare question 1 only
+    slow.write_text(json.dumps(_fake_row(1, "x", [10, 20], [3.0, 3.0], [10, 20])) + "\n")
+    entries = report.compare([fast, slow], baseline=slow, labels=["fast", "slow"])
+    overall = entries[0]["categories"]["all"]
+    assert overall["tokens_per_s"] == pytest.approx(60 / 3) and overall["tau"] == pytest.approx(60 / 25)
+    assert overall["speedup"] == pytest.approx((30 / 2) / (30 / 6))
+    assert entries[0]["categories"]["x"]["speedup"] == pytest.approx(3.0)
+    assert entries[1]["categories"]["all"]["speedup"] == pytest.approx(1.0)
+    md, png = report.write([fast, slow], tmp_path / "rep", baseline=slow, labels=["fast", "slow"])
+    assert "| fast | 2 | 60 | 2.40 | 20.0 | 3.00x |" in md.read_text()
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(ValueError, match="missing or empty"):
+        report.compare([tmp_path / "none.jsonl"])
+
+
+def test_shards_answer_disjoint_questions_and_merge_sorted(tmp_path, small_chat_model):
+    target, tokenizer = small_chat_model
+    decoder = engine.Decoder(target)
+    chosen = questions.load("mt_bench")[:5]
+    answer_file = tmp_path / "answers.jsonl"
+    settings = bench.Settings("baseline", max_new_tokens=3, turns=1)
+    bench.run(decoder, tokenizer, chosen[:1], answer_file, "tiny", settings)  # finished before the sharded run
+    for index in (1, 0):  # as two `accelerate launch` processes, the second one first
+        bench.run(decoder, tokenizer, chosen, answer_file, "tiny", settings, process=(index, 2))
+    assert len(bench.shard_files(answer_file)) == 2
+    assert bench.finished_ids(answer_file) == {81, 82, 83, 84, 85}  # a rerun would resume from the shards
+    bench.merge_shards(answer_file)
+    assert bench.shard_files(answer_file) == []
+    assert [r["question_id"] for r in bench.read_rows(answer_file)] == [81, 82, 83, 84, 85]
+
+
+def test_fastchat_template_for_models_it_knows(small_chat_model):
+    _, tokenizer = small_chat_model
+    assert bench.fastchat_template(None) is None and bench.fastchat_template("HuggingFaceTB/SmolLM2-135M") is None
+    vicuna = bench.fastchat_template("lmsys/vicuna-7b-v1.3")
+    text = tokenizer.decode(bench.conversation_ids(tokenizer, ["Hi.", "More."], ["Hello."], vicuna))
+    assert "USER: Hi. ASSISTANT: Hello." in text and text.rstrip().endswith("USER: More. ASSISTANT:")
+
+
+def test_spread_takes_questions_round_robin_over_categories():
+    chosen = suite.spread(questions.load("mt_bench"), 10)
+    assert len(chosen) == 10 and len({q["category"] for q in chosen}) == 8
+    assert [q["question_id"] for q in chosen][:3] == [81, 82, 91]
+
+
+def test_goals_compare_eagle_with_the_peers():
+    def entry(label, speed):
+        return {"label": label, "categories": {"all": {"tokens_per_s": speed}}}
+
+    lines = suite.goals([entry("eagle", 50.0), entry("hf_generate", 20.0), entry("prompt_lookup", 30.0)], 0.0)
+    assert lines[0].endswith("= 2.50x (goal >= 2.5x: met)") and lines[1].endswith("(goal >= 2x: not met)")
+    assert len(suite.goals([entry("eagle", 50.0), entry("hf_generate", 20.0)], 1.0)) == 1
+
+
+def test_cli_methods_are_the_suites():
+    from eagle_mdsd import cli
+
+    assert tuple(cli.METHODS) == suite.METHODS
+
+
+def test_a_killed_run_resumes_without_lost_or_duplicate_questions(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    answer_file = tmp_path / "answers.jsonl"
+    command = [sys.executable, "-m", "eagle_mdsd.cli", "bench", "--method", "baseline", "--question-end", "5",
+               "--max-new-tokens", "48", "--answer-file", str(answer_file)]
+    run = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline and run.poll() is None:
+        if answer_file.exists() and answer_file.read_text().count("\n") >= 1:
+            break
+        time.sleep(0.05)
+    run.send_signal(signal.SIGKILL)
+    run.wait()
+    interrupted = bench.read_rows(answer_file)
+    assert 1 <= len(interrupted) < 5, "the run should have been killed part-way"
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    rows = bench.read_rows(answer_file)
+    assert [r["question_id"] for r in rows] == [81, 82, 83, 84, 85]
+    assert [r["answer_id"] for r in rows[: len(interrupted)]] == [r["answer_id"] for r in interrupted]

@@ -222,6 +222,15 @@ def test_top_tokens_breaks_ties_by_lowest_index():
     assert drafting.get("without_replacement").sample(q[1], 3).tolist() == [2, 0, 1]
 
 
+def test_top_tokens_matches_a_stable_sort_on_coarse_values():
+    # bf16-like logits: many exact ties, crossing the cut in some rows but not all.
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randint(0, 6, (3, 5, 50), generator=gen).float()
+    for k in (1, 2, 4, 7):
+        reference = torch.sort(q, dim=-1, descending=True, stable=True).indices[..., :k]
+        assert torch.equal(drafting.top_tokens(q, k), reference)
+
+
 def test_names_and_pairs_fail_with_one_line_errors():
     with pytest.raises(ValueError, match="unknown drafting scheme 'nope'.*with_replacement"):
         drafting.get("nope")

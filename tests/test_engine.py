@@ -107,6 +107,18 @@ def test_baseline_and_stats(tiny):
     assert result.tau == result.new_tokens / result.cycles and result.tokens_per_s > 0
 
 
+def test_profile_splits_the_loop_into_phases(tiny):
+    target, draft_head = tiny
+    decoder = engine.Decoder(target, draft_head, tree.compile_tree(TREES["wide"]))
+    plain = decoder.generate(PROMPT, 10, 1.0, seed=5)
+    timed = decoder.generate(PROMPT, 10, 1.0, seed=5, profile=True)
+    assert timed.token_ids == plain.token_ids and plain.profile == {}
+    assert set(timed.profile) == {"draft", "target", "verify", "commit"}
+    assert 0 < sum(timed.profile.values()) <= timed.wall_time_s - timed.prefill_time_s
+    baseline = decoder.generate(PROMPT, 10, 1.0, method="baseline", profile=True)
+    assert set(baseline.profile) == {"target", "verify"}
+
+
 def test_generation_stops_at_eos(tiny):
     target, draft_head = tiny
     plain = engine.Decoder(target, draft_head, tree.compile_tree(TREES["wide"])).generate(PROMPT, 12, 0.0)

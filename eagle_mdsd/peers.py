@@ -1,0 +1,65 @@
+"""The peers a user would otherwise pick: transformers `generate` (greedy or sampled) and prompt lookup.
+
+They answer through the same interface as `engine.Decoder` (`generate(prompt_ids, max_new_tokens,
+temperature, seed, method)` -> GenerationResult), so benchmark files and reports treat every method
+alike.  Sampling is plain temperature sampling over the whole vocabulary (top-k and top-p switched
+off, whatever the model's generation config says), the distribution the engine reproduces.
+A forward hook counts the target's forward passes: cycles = passes after the prefill, so tau is
+defined as for the engine (1 for generate; tokens per verification pass for prompt lookup).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from transformers import GenerationConfig
+
+from .engine import GenerationResult
+
+METHODS = ("hf_generate", "prompt_lookup")
+
+
+class TransformersPeer:
+    """transformers' own decoding of `target`: `hf_generate` or `prompt_lookup`."""
+
+    def __init__(self, target, eos_token_ids, prompt_lookup_tokens: int = 10, max_matching_ngram: int = 2):
+        self.target = target
+        self.eos = [int(e) for e in eos_token_ids]
+        self.prompt_lookup_tokens, self.max_matching_ngram = prompt_lookup_tokens, max_matching_ngram
+
+    def _config(self, max_new_tokens: int, temperature: float, method: str) -> GenerationConfig:
+        sampled = temperature > 0
+        extra = ({"prompt_lookup_num_tokens": self.prompt_lookup_tokens,
+                  "max_matching_ngram_size": self.max_matching_ngram} if method == "prompt_lookup" else {})
+        return GenerationConfig(max_new_tokens=max_new_tokens, do_sample=sampled,
+                                temperature=temperature if sampled else None, top_k=0 if sampled else None,
+                                top_p=1.0 if sampled else None, eos_token_id=self.eos or None,
+                                pad_token_id=self.eos[0] if self.eos else None, **extra)
+
+    def generate(self, prompt_ids, max_new_tokens: int = 128, temperature: float = 0.0, seed: int = 0,
+                 method: str = "hf_generate", profile: bool = False) -> GenerationResult:
+        if method not in METHODS:
+            raise ValueError(f"unknown peer method {method!r}: use one of {', '.join(METHODS)}")
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        device = self.target.get_input_embeddings().weight.device
+        prompt = torch.as_tensor(prompt_ids, dtype=torch.long, device=device).reshape(1, -1)
+        config = self._config(max_new_tokens, temperature, method)
+        passes = []  # end time of each target forward
+        hook = self.target.register_forward_hook(lambda *_: passes.append(time.perf_counter()))
+        try:
+            torch.manual_seed(seed)  # generate samples from the global generator
+            start = time.perf_counter()
+            with torch.inference_mode():
+                output = self.target.generate(prompt, attention_mask=torch.ones_like(prompt),
+                                              generation_config=config)
+            wall = time.perf_counter() - start
+        finally:
+            hook.remove()
+        tokens = output[0, prompt.shape[1]:].tolist()
+        if self.eos:  # generate pads nothing for batch 1, but cut after the first EOS to be sure
+            cut = next((i for i, token in enumerate(tokens) if token in self.eos), None)
+            tokens = tokens if cut is None else tokens[: cut + 1]
+        return GenerationResult(prompt.reshape(-1).tolist(), tokens, max(len(passes) - 1, 0),
+                                prefill_time_s=passes[0] - start if passes else 0.0, wall_time_s=wall)

@@ -1,0 +1,141 @@
+"""Reports over answer files: tokens/s, speedup against a baseline file, tau, per category.
+
+Every number is recomputed from the files: tokens are the generated ids
+(`new_tokens`), time is the wall time of each turn (prefill included), tau is
+tokens / target cycles (`idxs`).  Tokens/s of a group = its tokens / its
+seconds (Spec-Bench's convention), and a speedup compares a method with the
+baseline on the questions both files answered.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import bench
+
+PHASES = ("draft", "target", "verify", "commit")
+
+
+def _totals(rows: list[dict]) -> dict:
+    tokens = sum(sum(r["choices"][0]["new_tokens"]) for r in rows)
+    cycles = sum(sum(r["choices"][0]["idxs"]) for r in rows)
+    seconds = sum(sum(r["choices"][0]["wall_time"]) for r in rows)
+    totals = {"questions": len(rows), "new_tokens": tokens, "cycles": cycles, "wall_time_s": seconds,
+              "tau": tokens / cycles if cycles else float("nan"),
+              "tokens_per_s": tokens / seconds if seconds else float("nan")}
+    profiles = [turn for r in rows for turn in r["choices"][0].get("profile", [])]
+    if profiles and cycles:
+        totals["ms_per_cycle"] = {phase: 1000 * sum(p.get(phase, 0.0) for p in profiles) / cycles
+                                  for phase in PHASES if any(phase in p for p in profiles)}
+    return totals
+
+
+def _by_category(rows: list[dict]) -> dict[str, list[dict]]:
+    groups: dict[str, list[dict]] = {"all": rows}
+    for row in rows:
+        groups.setdefault(row.get("category") or "unknown", []).append(row)
+    return groups
+
+
+def summarise(answer_file: Path) -> dict[str, dict]:
+    """Totals (tau, tokens/s, ...) per category and overall ('all') of one answer file."""
+    return {name: _totals(group) for name, group in _by_category(bench.read_rows(answer_file)).items()}
+
+
+def compare(answer_files: list[Path], baseline: Path | None = None, labels: list[str] | None = None) -> list[dict]:
+    """One entry per answer file: its label and, per category, totals and the speedup over `baseline`."""
+    base_rows = {r["question_id"]: r for r in bench.read_rows(baseline)} if baseline else {}
+    if baseline and not base_rows:
+        raise ValueError(f"baseline answer file {baseline} is missing or empty: run its benchmark first")
+    entries = []
+    for i, path in enumerate(answer_files):
+        rows = bench.read_rows(path)
+        if not rows:
+            raise ValueError(f"answer file {path} is missing or empty: run `eagle-mdsd bench` to write it")
+        categories = {}
+        for name, group in _by_category(rows).items():
+            totals = _totals(group)
+            if base_rows:
+                shared = [r for r in group if r["question_id"] in base_rows]
+                mine, theirs = _totals(shared), _totals([base_rows[r["question_id"]] for r in shared])
+                totals["speedup"] = mine["tokens_per_s"] / theirs["tokens_per_s"] if shared else float("nan")
+                totals["baseline_tokens_per_s"] = theirs["tokens_per_s"] if shared else float("nan")
+            categories[name] = totals
+        label = labels[i] if labels else rows[0].get("model_id") or Path(path).stem
+        entries.append({"label": label, "file": str(path),
+                        "categories": categories})
+    return entries
+
+
+def markdown(entries: list[dict]) -> str:
+    """The overall table, the per-category table and, for profiled files, the time per phase."""
+    with_speedup = all("speedup" in e["categories"]["all"] for e in entries)
+    lines = ["| method | questions | new tokens | tau | tokens/s |" + (" speedup |" if with_speedup else ""),
+             "|---|---|---|---|---|" + ("---|" if with_speedup else "")]
+    for entry in entries:
+        total = entry["categories"]["all"]
+        lines.append(f"| {entry['label']} | {total['questions']} | {total['new_tokens']} | {total['tau']:.2f} | "
+                     f"{total['tokens_per_s']:.1f} |" + (f" {total['speedup']:.2f}x |" if with_speedup else ""))
+    categories = sorted({c for e in entries for c in e["categories"] if c != "all"})
+    if categories:
+        what = "speedup (tau)" if with_speedup else "tokens/s (tau)"
+        lines += ["", f"Per category, {what}:", "", "| method | " + " | ".join(categories) + " |",
+                  "|---|" + "---|" * len(categories)]
+        for entry in entries:
+            cells = []
+            for category in categories:
+                c = entry["categories"].get(category)
+                value = None if c is None else (c["speedup"] if with_speedup else c["tokens_per_s"])
+                cells.append("-" if c is None else f"{value:.2f} ({c['tau']:.2f})")
+            lines.append(f"| {entry['label']} | " + " | ".join(cells) + " |")
+    profiled = [e for e in entries if "ms_per_cycle" in e["categories"]["all"]]
+    if profiled:
+        lines += ["", "Where a cycle's time goes (ms per target cycle):", "",
+                  "| method | " + " | ".join(PHASES) + " | sum |", "|---|" + "---|" * (len(PHASES) + 1)]
+        for entry in profiled:
+            ms = entry["categories"]["all"]["ms_per_cycle"]
+            lines.append(f"| {entry['label']} | " + " | ".join(f"{ms[p]:.1f}" if p in ms else "-" for p in PHASES)
+                         + f" | {sum(ms.values()):.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def bar_chart(entries: list[dict], png: Path, baseline: Path | None = None) -> Path:
+    """Grouped bars per category: speedup over the baseline (or tokens/s without one)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    key = "speedup" if baseline is not None else "tokens_per_s"
+    categories = ["all"] + sorted({c for e in entries for c in e["categories"] if c != "all"})
+    width = 0.8 / max(len(entries), 1)
+    figure, axes = plt.subplots(figsize=(max(6, 1.2 * len(categories)), 4))
+    for i, entry in enumerate(entries):
+        values = [entry["categories"].get(c, {}).get(key, float("nan")) for c in categories]
+        axes.bar([x + i * width for x in range(len(categories))], values, width, label=entry["label"])
+    if baseline is not None:
+        axes.axhline(1.0, color="grey", linewidth=0.8)
+    axes.set_xticks([x + width * (len(entries) - 1) / 2 for x in range(len(categories))], categories,
+                    rotation=30, ha="right")
+    axes.set_ylabel("speedup over baseline" if baseline is not None else "tokens/s")
+    axes.legend(fontsize="small")
+    figure.tight_layout()
+    png = Path(png)
+    png.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(png, dpi=120)
+    plt.close(figure)
+    return png
+
+
+def write(answer_files: list[Path], out: Path, baseline: Path | None = None, title: str = "",
+          labels: list[str] | None = None) -> tuple[Path, Path]:
+    """out.md (the tables) and out.png (the chart)."""
+    entries = compare(answer_files, baseline, labels)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    text = (f"# {title}\n\n" if title else "") + markdown(entries)
+    if baseline is not None:
+        text += f"\nSpeedup = tokens/s over tokens/s of `{Path(baseline).name}` on the same questions.\n"
+    md = out.with_suffix(".md")
+    md.write_text(text)
+    return md, bar_chart(entries, out.with_suffix(".png"), baseline)

@@ -1,0 +1,185 @@
+"""The benchmarks users run: every method on MT-Bench, and sweeps over temperatures, trees and pairs.
+
+`benchmark` answers the same questions with EAGLE, plain autoregressive
+decoding in the same loop (`baseline`), transformers `generate` and prompt
+lookup, question by question in turn (so slow drifts of a noisy machine hit
+every method alike), into one answer file per method and temperature; then it
+writes the report with the speedups and the issue's goals.  `sweep` answers a
+question set with every (tree, drafter, verifier, temperature) cell.  Both
+resume from their answer files.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from pathlib import Path
+
+from tqdm import tqdm
+
+from . import bench, engine, head, models, peers, questions, report, tree, verification
+from .benchmarks import machine
+
+METHODS = ("eagle", "baseline") + peers.METHODS
+
+
+def make_runner(method: str, target, tokenizer, draft_head=None, topology=None, drafter="topk",
+                verifier="topk"):
+    """What answers with `method`: an engine.Decoder (eagle, baseline) or a TransformersPeer."""
+    eos = models.eos_token_ids(target, tokenizer)
+    if method in peers.METHODS:
+        return peers.TransformersPeer(target, eos)
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}: use one of {', '.join(METHODS)}")
+    if method == "baseline":
+        return engine.Decoder(target, eos_token_ids=eos)
+    return engine.Decoder(target, draft_head, topology, drafter, verifier, eos_token_ids=eos)
+
+
+def spread(chosen: list[dict], count: int | None) -> list[dict]:
+    """`count` questions taken round-robin over the categories (all when count is None), by id."""
+    if count is None or count >= len(chosen):
+        return chosen
+    by_category: dict[str, list[dict]] = {}
+    for question in chosen:
+        by_category.setdefault(question["category"], []).append(question)
+    picked, rank = [], 0
+    while len(picked) < count:
+        picked += [group[rank] for group in by_category.values() if rank < len(group)][: count - len(picked)]
+        rank += 1
+    return sorted(picked, key=lambda q: q["question_id"])
+
+
+def _temperature_tag(temperature: float) -> str:
+    return f"t{temperature:g}"
+
+
+def run_benchmark(out: Path, answers: Path, bench_name: str = "mt_bench", count: int | None = 8,
+                  temperatures=(0.0, 1.0), methods=METHODS, dtype: str = "bfloat16", device: str = "cpu",
+                  max_new_tokens: int = 128, tree_name: str = "eagle_default", drafter: str = "topk",
+                  verifier: str = "topk", seed: int = 0) -> dict:
+    """Answer, then report; returns the summary written to out/benchmark_<date>_<dtype>.{json,md}."""
+    for method in methods:
+        if method not in METHODS:
+            raise ValueError(f"unknown method {method!r}: use one of {', '.join(METHODS)}")
+    topology = tree.load(tree_name)
+    verification.check_pair(drafter, verifier)
+    engine.check_drafter_fits(drafter, topology)
+    chosen = spread(questions.load(bench_name), count)
+    target, tokenizer = models.load_target(None, models.parse_dtype(dtype), device)
+    draft_head = head.load_head(models.DEFAULT_HEAD, target) if "eagle" in methods else None
+    runners = {m: make_runner(m, target, tokenizer, draft_head, topology, drafter, verifier) for m in methods}
+    date = datetime.date.today().isoformat()
+    files = {(t, m): Path(answers) / bench_name / f"{models.EMBEDDED_NAME}-{m}-{_temperature_tag(t)}.jsonl"
+             for t in temperatures for m in methods}
+    warm = models.chat_prompt_ids(tokenizer, "Hello!")
+    for (t, m), runner in ((k, runners[k[1]]) for k in files):  # one-off costs (allocations, kernels)
+        runner.generate(warm, 16, t, seed, m)
+    for question in tqdm(chosen, desc=f"{bench_name}: {len(methods)} methods x {len(temperatures)} temperatures"):
+        for (t, m), answer_file in files.items():
+            settings = bench.Settings(m, max_new_tokens, t, seed)
+            bench.run(runners[m], tokenizer, [question], answer_file, f"{models.EMBEDDED_NAME}-{m}",
+                      settings, warmup=False, progress=False)
+    result = {"date": date, "machine": machine(), "bench": bench_name, "questions": [q["question_id"] for q in chosen],
+              "dtype": dtype, "device": device, "max_new_tokens": max_new_tokens, "tree": tree_name,
+              "drafter": drafter, "verifier": verifier, "temperatures": {}}
+    out = Path(out)
+    stem = out / f"benchmark_{date}_{dtype}"
+    for t in temperatures:
+        baseline = files[t, "baseline"] if "baseline" in methods else None
+        entries = report.compare([files[t, m] for m in methods], baseline, labels=list(methods))
+        report.bar_chart(entries, stem.with_name(f"{stem.name}_{_temperature_tag(t)}.png"), baseline)
+        result["temperatures"][_temperature_tag(t)] = {"entries": entries, "goals": goals(entries, t)}
+    stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
+    stem.with_suffix(".md").write_text(benchmark_markdown(result, stem.name))
+    return result
+
+
+def goals(entries: list[dict], temperature: float) -> list[str]:
+    """The issue's goals: EAGLE tokens/s over transformers generate (2.5x at T=0, 2x at T>0) and prompt lookup (2x)."""
+    speed = {e["label"]: e["categories"]["all"]["tokens_per_s"] for e in entries}
+    if "eagle" not in speed:
+        return []
+    wanted = [("hf_generate", 2.5 if temperature == 0 else 2.0)] + ([("prompt_lookup", 2.0)] if temperature == 0 else [])
+    lines = []
+    for peer, factor in wanted:
+        if peer in speed:
+            ratio = speed["eagle"] / speed[peer]
+            lines.append(f"EAGLE / {peer} at T={temperature:g}: {speed['eagle']:.1f} / {speed[peer]:.1f} tokens/s = "
+                         f"{ratio:.2f}x (goal >= {factor:g}x: {'met' if ratio >= factor else 'not met'})")
+    return lines
+
+
+def benchmark_markdown(result: dict, stem: str) -> str:
+    m = result["machine"]
+    lines = [f"# MT-Bench benchmark, embedded default, {result['date']}", "",
+             f"Machine: {m['cpu']}, {m['threads']} torch threads, torch {m['torch']}, device {result['device']}, "
+             f"{result['dtype']}.", "",
+             f"Questions: {result['bench']} {', '.join(map(str, result['questions']))} (both turns), "
+             f"at most {result['max_new_tokens']} new tokens per turn; EAGLE: shipped head, tree {result['tree']}, "
+             f"drafter {result['drafter']}, verifier {result['verifier']}. Methods ran question by question in turn "
+             f"in one process. Speedup = tokens/s over `baseline` (plain autoregressive decoding in the same loop) "
+             f"on the same questions; tau = new tokens / target forward passes after the prefill.", ""]
+    for tag, block in result["temperatures"].items():
+        lines += [f"## Temperature {tag[1:]}", "", report.markdown(block["entries"]), f"![chart]({stem}_{tag}.png)",
+                  ""] + [f"- {g}" for g in block["goals"]] + [""]
+    return "\n".join(lines)
+
+
+def sweep(out: Path, answers: Path, trees=("chain4", "binary_depth4", "quad_depth3", "eagle_default"),
+          temperatures=(0.0, 0.1, 0.6, 1.0), pairs=None, bench_name: str = "mt_bench", count: int = 8,
+          turns: int | None = 1, max_new_tokens: int = 64, dtype: str = "bfloat16", device: str = "cpu",
+          seed: int = 0, name: str | None = None) -> Path:
+    """EAGLE with every (tree, pair, temperature) that fits; tau and tokens/s per cell into out/<name>.{md,json}."""
+    pairs = pairs or verification.pairs()
+    topologies = {t: tree.load(t) for t in trees}
+    cells = []
+    for t in temperatures:
+        for tree_name, topology in topologies.items():
+            for drafter, verifier in pairs:
+                verification.check_pair(drafter, verifier)
+                try:
+                    engine.check_drafter_fits(drafter, topology)
+                except ValueError:
+                    continue  # e.g. spechub needs two children at every node
+                cells.append((t, tree_name, drafter, verifier))
+    chosen = spread(questions.load(bench_name), count)
+    target, tokenizer = models.load_target(None, models.parse_dtype(dtype), device)
+    draft_head = head.load_head(models.DEFAULT_HEAD, target)
+    name = name or f"sweep_{datetime.date.today().isoformat()}_{dtype}"
+    rows = []
+    for t, tree_name, drafter, verifier in tqdm(cells, desc="sweep cells"):
+        runner = make_runner("eagle", target, tokenizer, draft_head, topologies[tree_name], drafter, verifier)
+        answer_file = Path(answers) / name / f"{tree_name}-{drafter}-{verifier}-{_temperature_tag(t)}.jsonl"
+        bench.run(runner, tokenizer, chosen, answer_file, f"{models.EMBEDDED_NAME}-eagle",
+                  bench.Settings("eagle", max_new_tokens, t, seed, turns=turns), progress=False)
+        totals = report.summarise(answer_file)["all"]
+        rows.append({"temperature": t, "tree": tree_name, "drafter": drafter, "verifier": verifier,
+                     "tau": totals["tau"], "tokens_per_s": totals["tokens_per_s"], "new_tokens": totals["new_tokens"]})
+    result = {"machine": machine(), "dtype": dtype, "bench": bench_name,
+              "questions": [q["question_id"] for q in chosen], "turns": turns, "max_new_tokens": max_new_tokens,
+              "rows": rows}
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(result, indent=1))
+    (out / f"{name}.md").write_text(sweep_markdown(result, name))
+    return out / f"{name}.md"
+
+
+def sweep_markdown(result: dict, name: str) -> str:
+    m = result["machine"]
+    temperatures = sorted({r["temperature"] for r in result["rows"]})
+    lines = [f"# {name}", "", f"Machine: {m['cpu']}, {m['threads']} torch threads, torch {m['torch']}, "
+             f"{result['dtype']}. Questions: {result['bench']} {', '.join(map(str, result['questions']))}, "
+             f"first {result['turns'] or 'all'} turn(s), at most {result['max_new_tokens']} new tokens. "
+             "Cells: tau (tokens/s).", "",
+             "| tree | drafter | verifier | " + " | ".join(f"T={t:g}" for t in temperatures) + " |",
+             "|---|---|---|" + "---|" * len(temperatures)]
+    keys = sorted({(r["tree"], r["drafter"], r["verifier"]) for r in result["rows"]},
+                  key=lambda k: (list(dict.fromkeys(r["tree"] for r in result["rows"])).index(k[0]), k[1], k[2]))
+    cell = {(r["tree"], r["drafter"], r["verifier"], r["temperature"]): r for r in result["rows"]}
+    for key in keys:
+        values = [cell.get(key + (t,)) for t in temperatures]
+        lines.append(f"| {' | '.join(key)} | " + " | ".join(
+            "-" if v is None else f"{v['tau']:.2f} ({v['tokens_per_s']:.1f})" for v in values) + " |")
+    return "\n".join(lines) + "\n"
