@@ -10,6 +10,17 @@ from pathlib import Path
 from . import drafting, theory, verification
 
 METHODS = ["eagle", "baseline", "hf_generate", "prompt_lookup"]
+DRAFT_VOCAB_HELP = ("draft over the head's N most frequent tokens (FR-Spec; q is 0 elsewhere, still exact): N, "
+                    "'full', or 'auto' (default: 8192 when the head ships draft_vocab.json, else full)")
+
+
+def _draft_vocab(text: str):
+    if text in ("auto", "full"):
+        return None if text == "full" else text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of tokens, 'full' or 'auto', got {text!r}") from None
 
 
 def _distribution(text: str, what: str) -> list[float]:
@@ -96,8 +107,8 @@ def _runner(args, device=None):
     if args.method == "eagle":
         draft_head = (head.random_head(target, seed=args.seed) if args.ea_model == "random"
                       else head.load_head(args.ea_model or models.DEFAULT_HEAD, target))
-    return suite.make_runner(args.method, target, tokenizer, draft_head, topology, args.drafter, args.verifier), \
-        tokenizer
+    return suite.make_runner(args.method, target, tokenizer, draft_head, topology, args.drafter, args.verifier,
+                             args.draft_vocab), tokenizer
 
 
 def _print_profile(profile: dict, cycles: int) -> None:
@@ -214,8 +225,9 @@ def cmd_benchmark(args) -> None:
 
     result = suite.run_benchmark(Path(args.out), Path(args.answers), args.bench, None if args.all else args.questions,
                                  _floats(args.temperatures, "temperatures"), args.methods.split(","), args.dtype,
-                                 args.device, args.max_new_tokens, args.tree, args.drafter, args.verifier, args.seed)
-    stem = Path(args.out) / f"benchmark_{result['date']}_{args.dtype}"
+                                 args.device, args.max_new_tokens, args.tree, args.drafter, args.verifier, args.seed,
+                                 args.draft_vocab, args.name)
+    stem = Path(args.out) / result["name"]
     print(stem.with_suffix(".md").read_text())
     print(f"wrote {stem}.md, .json and the charts")
 
@@ -230,7 +242,7 @@ def cmd_sweep(args) -> None:
             raise ValueError("--pairs must be 'all' or drafter/verifier pairs such as topk/topk,greedy/greedy")
     md = suite.sweep(Path(args.out), Path(args.answers), args.trees.split(","), _floats(args.temperatures,
                      "temperatures"), pairs, args.bench, args.questions, args.turns or None, args.max_new_tokens,
-                     args.dtype, args.device, args.seed, args.name)
+                     args.dtype, args.device, args.seed, args.name, args.draft_vocab)
     print(md.read_text())
 
 
@@ -252,6 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--tree", default="eagle_default", help="tree name, chainN, or a .json file")
     gen.add_argument("--drafter", default="topk", help="drafting scheme (eagle-mdsd pairs lists them)")
     gen.add_argument("--verifier", default="topk", help="verifier (eagle-mdsd pairs lists them)")
+    gen.add_argument("--draft-vocab", type=_draft_vocab, default="auto", help=DRAFT_VOCAB_HELP)
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--max-new-tokens", type=int, default=128)
     gen.add_argument("--seed", type=int, default=0)
@@ -299,6 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--tree", default="eagle_default")
     run.add_argument("--drafter", default="topk")
     run.add_argument("--verifier", default="topk")
+    run.add_argument("--draft-vocab", type=_draft_vocab, default="auto", help=DRAFT_VOCAB_HELP)
     run.add_argument("--temperature", type=float, default=0.0)
     run.add_argument("--max-new-tokens", type=int, default=128)
     run.add_argument("--seed", type=int, default=0)
@@ -329,6 +343,8 @@ def build_parser() -> argparse.ArgumentParser:
     suite_parser.add_argument("--drafter", default="topk")
     suite_parser.add_argument("--verifier", default="topk")
     suite_parser.add_argument("--seed", type=int, default=0)
+    suite_parser.add_argument("--draft-vocab", type=_draft_vocab, default="auto", help=DRAFT_VOCAB_HELP)
+    suite_parser.add_argument("--name", default=None, help="run name (default benchmark_<date>_<dtype>); reruns resume")
     suite_parser.add_argument("--out", default="evaluation/results")
     suite_parser.add_argument("--answers", default="evaluation/answers/benchmark")
     suite_parser.set_defaults(fn=cmd_benchmark)
@@ -343,6 +359,7 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--dtype", default="bfloat16")
     sw.add_argument("--device", default="cpu")
     sw.add_argument("--seed", type=int, default=0)
+    sw.add_argument("--draft-vocab", type=_draft_vocab, default="auto", help=DRAFT_VOCAB_HELP)
     sw.add_argument("--name", default=None, help="results name (default sweep_<date>_<dtype>)")
     sw.add_argument("--out", default="evaluation/results")
     sw.add_argument("--answers", default="evaluation/answers/sweeps")

@@ -5,6 +5,11 @@ Llama decoder layer whose input_layernorm is skipped; no final norm.  The
 token embedding and lm_head are the target's (shared, not copied).  The
 feature is the target's last hidden state after its final norm.
 
+Optionally the folder holds draft_vocab.json, the target's tokens ranked by
+how often they occur in the head's training answers: the decoder can draft
+over the most frequent N of them only (FR-Spec, Zhao et al. 2025), which on a
+small target with a large vocabulary cuts the head's lm_head cost by V/N.
+
 Checkpoints: a folder with config.json (a Llama config, num_hidden_layers 1,
 optional top-level "bias" for fc, default true) and pytorch_model.bin or
 model.safetensors with the released key names (fc.*, layers.0.*, and in the
@@ -20,9 +25,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
+DRAFT_VOCAB_FILE = "draft_vocab.json"
+
+
 class EagleHead(nn.Module):
     def __init__(self, config, bias: bool = True):
         super().__init__()
+        self.draft_vocab: list[int] | None = None  # token ids ranked by training frequency, if shipped
         from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
         config._attn_implementation = getattr(config, "_attn_implementation", None) or "sdpa"
@@ -127,6 +136,13 @@ def load_head(spec: str, target) -> EagleHead:
     if missing or unexpected:
         raise ValueError(f"draft head {spec} is not an EAGLE-1 checkpoint: missing {missing[:3]}, "
                          f"unexpected {unexpected[:3]}")
+    ranked = folder / DRAFT_VOCAB_FILE
+    if ranked.exists():
+        token_ids = json.loads(ranked.read_text())["token_ids"]
+        if not token_ids or max(token_ids) >= config.vocab_size or min(token_ids) < 0:
+            raise ValueError(f"draft head {spec}: {DRAFT_VOCAB_FILE} has token ids outside the vocabulary "
+                             f"of {config.vocab_size}; regenerate it with `eagle-mdsd train-head export`")
+        head.draft_vocab = token_ids
     return head.to(dtype=target.dtype, device=target.device).eval()
 
 
@@ -151,4 +167,6 @@ def save_head(head: EagleHead, folder, target=None, safetensors: bool = False) -
         save_file(state, folder / "model.safetensors")
     else:
         torch.save(state, folder / "pytorch_model.bin")
+    if head.draft_vocab is not None:
+        (folder / DRAFT_VOCAB_FILE).write_text(json.dumps({"token_ids": list(head.draft_vocab)}) + "\n")
     return folder

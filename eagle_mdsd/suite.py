@@ -24,7 +24,7 @@ METHODS = ("eagle", "baseline") + peers.METHODS
 
 
 def make_runner(method: str, target, tokenizer, draft_head=None, topology=None, drafter="topk",
-                verifier="topk"):
+                verifier="topk", draft_vocab: int | str | None = "auto"):
     """What answers with `method`: an engine.Decoder (eagle, baseline) or a TransformersPeer."""
     eos = models.eos_token_ids(target, tokenizer)
     if method in peers.METHODS:
@@ -33,7 +33,7 @@ def make_runner(method: str, target, tokenizer, draft_head=None, topology=None, 
         raise ValueError(f"unknown method {method!r}: use one of {', '.join(METHODS)}")
     if method == "baseline":
         return engine.Decoder(target, eos_token_ids=eos)
-    return engine.Decoder(target, draft_head, topology, drafter, verifier, eos_token_ids=eos)
+    return engine.Decoder(target, draft_head, topology, drafter, verifier, eos_token_ids=eos, draft_vocab=draft_vocab)
 
 
 def spread(chosen: list[dict], count: int | None) -> list[dict]:
@@ -57,8 +57,10 @@ def _temperature_tag(temperature: float) -> str:
 def run_benchmark(out: Path, answers: Path, bench_name: str = "mt_bench", count: int | None = 8,
                   temperatures=(0.0, 1.0), methods=METHODS, dtype: str = "bfloat16", device: str = "cpu",
                   max_new_tokens: int = 128, tree_name: str = "eagle_default", drafter: str = "topk",
-                  verifier: str = "topk", seed: int = 0) -> dict:
-    """Answer, then report; returns the summary written to out/benchmark_<date>_<dtype>.{json,md}."""
+                  verifier: str = "topk", seed: int = 0, draft_vocab: int | str | None = "auto",
+                  name: str | None = None) -> dict:
+    """Answer into answers/NAME/, then report into out/NAME.{json,md,_t*.png}; NAME defaults to
+    benchmark_<date>_<dtype>, and a rerun with the same name resumes."""
     for method in methods:
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}: use one of {', '.join(METHODS)}")
@@ -68,9 +70,11 @@ def run_benchmark(out: Path, answers: Path, bench_name: str = "mt_bench", count:
     chosen = spread(questions.load(bench_name), count)
     target, tokenizer = models.load_target(None, models.parse_dtype(dtype), device)
     draft_head = head.load_head(models.DEFAULT_HEAD, target) if "eagle" in methods else None
-    runners = {m: make_runner(m, target, tokenizer, draft_head, topology, drafter, verifier) for m in methods}
+    runners = {m: make_runner(m, target, tokenizer, draft_head, topology, drafter, verifier, draft_vocab)
+               for m in methods}
     date = datetime.date.today().isoformat()
-    files = {(t, m): Path(answers) / bench_name / f"{models.EMBEDDED_NAME}-{m}-{_temperature_tag(t)}.jsonl"
+    name = name or f"benchmark_{date}_{dtype}"
+    files = {(t, m): Path(answers) / name / f"{bench_name}-{models.EMBEDDED_NAME}-{m}-{_temperature_tag(t)}.jsonl"
              for t in temperatures for m in methods}
     warm = models.chat_prompt_ids(tokenizer, "Hello!")
     for (t, m), runner in ((k, runners[k[1]]) for k in files):  # one-off costs (allocations, kernels)
@@ -80,11 +84,12 @@ def run_benchmark(out: Path, answers: Path, bench_name: str = "mt_bench", count:
             settings = bench.Settings(m, max_new_tokens, t, seed)
             bench.run(runners[m], tokenizer, [question], answer_file, f"{models.EMBEDDED_NAME}-{m}",
                       settings, warmup=False, progress=False)
-    result = {"date": date, "machine": machine(), "bench": bench_name, "questions": [q["question_id"] for q in chosen],
+    result = {"name": name, "date": date, "machine": machine(), "bench": bench_name, "questions": [q["question_id"] for q in chosen],
               "dtype": dtype, "device": device, "max_new_tokens": max_new_tokens, "tree": tree_name,
-              "drafter": drafter, "verifier": verifier, "temperatures": {}}
+              "drafter": drafter, "verifier": verifier,
+              "draft_vocab": engine.resolve_draft_vocab(draft_head, draft_vocab), "temperatures": {}}
     out = Path(out)
-    stem = out / f"benchmark_{date}_{dtype}"
+    stem = out / name
     for t in temperatures:
         baseline = files[t, "baseline"] if "baseline" in methods else None
         entries = report.compare([files[t, m] for m in methods], baseline, labels=list(methods))
@@ -117,7 +122,8 @@ def benchmark_markdown(result: dict, stem: str) -> str:
              f"{result['dtype']}.", "",
              f"Questions: {result['bench']} {', '.join(map(str, result['questions']))} (both turns), "
              f"at most {result['max_new_tokens']} new tokens per turn; EAGLE: shipped head, tree {result['tree']}, "
-             f"drafter {result['drafter']}, verifier {result['verifier']}. Methods ran question by question in turn "
+             f"drafter {result['drafter']}, verifier {result['verifier']}, draft vocabulary "
+             f"{result.get('draft_vocab') or 'full'}. Methods ran question by question in turn "
              f"in one process. Speedup = tokens/s over `baseline` (plain autoregressive decoding in the same loop) "
              f"on the same questions; tau = new tokens / target forward passes after the prefill.", ""]
     for tag, block in result["temperatures"].items():
@@ -129,7 +135,7 @@ def benchmark_markdown(result: dict, stem: str) -> str:
 def sweep(out: Path, answers: Path, trees=("chain4", "binary_depth4", "quad_depth3", "eagle_default"),
           temperatures=(0.0, 0.1, 0.6, 1.0), pairs=None, bench_name: str = "mt_bench", count: int = 8,
           turns: int | None = 1, max_new_tokens: int = 64, dtype: str = "bfloat16", device: str = "cpu",
-          seed: int = 0, name: str | None = None) -> Path:
+          seed: int = 0, name: str | None = None, draft_vocab: int | str | None = "auto") -> Path:
     """EAGLE with every (tree, pair, temperature) that fits; tau and tokens/s per cell into out/<name>.{md,json}."""
     pairs = pairs or verification.pairs()
     topologies = {t: tree.load(t) for t in trees}
@@ -149,7 +155,8 @@ def sweep(out: Path, answers: Path, trees=("chain4", "binary_depth4", "quad_dept
     name = name or f"sweep_{datetime.date.today().isoformat()}_{dtype}"
     rows = []
     for t, tree_name, drafter, verifier in tqdm(cells, desc="sweep cells"):
-        runner = make_runner("eagle", target, tokenizer, draft_head, topologies[tree_name], drafter, verifier)
+        runner = make_runner("eagle", target, tokenizer, draft_head, topologies[tree_name], drafter, verifier,
+                             draft_vocab)
         answer_file = Path(answers) / name / f"{tree_name}-{drafter}-{verifier}-{_temperature_tag(t)}.jsonl"
         bench.run(runner, tokenizer, chosen, answer_file, f"{models.EMBEDDED_NAME}-eagle",
                   bench.Settings("eagle", max_new_tokens, t, seed, turns=turns), progress=False)
@@ -157,6 +164,7 @@ def sweep(out: Path, answers: Path, trees=("chain4", "binary_depth4", "quad_dept
         rows.append({"temperature": t, "tree": tree_name, "drafter": drafter, "verifier": verifier,
                      "tau": totals["tau"], "tokens_per_s": totals["tokens_per_s"], "new_tokens": totals["new_tokens"]})
     result = {"machine": machine(), "dtype": dtype, "bench": bench_name,
+              "draft_vocab": engine.resolve_draft_vocab(draft_head, draft_vocab),
               "questions": [q["question_id"] for q in chosen], "turns": turns, "max_new_tokens": max_new_tokens,
               "rows": rows}
     out = Path(out)
@@ -171,7 +179,8 @@ def sweep_markdown(result: dict, name: str) -> str:
     temperatures = sorted({r["temperature"] for r in result["rows"]})
     lines = [f"# {name}", "", f"Machine: {m['cpu']}, {m['threads']} torch threads, torch {m['torch']}, "
              f"{result['dtype']}. Questions: {result['bench']} {', '.join(map(str, result['questions']))}, "
-             f"first {result['turns'] or 'all'} turn(s), at most {result['max_new_tokens']} new tokens. "
+             f"first {result['turns'] or 'all'} turn(s), at most {result['max_new_tokens']} new tokens, draft vocabulary "
+             f"{result.get('draft_vocab') or 'full'}. "
              "Cells: tau (tokens/s).", "",
              "| tree | drafter | verifier | " + " | ".join(f"T={t:g}" for t in temperatures) + " |",
              "|---|---|---|" + "---|" * len(temperatures)]

@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 import os
@@ -334,12 +335,27 @@ def evaluate(out_dir: Path, head_spec, base_model=None, count: int = 16) -> dict
 # -- stage 3: export -----------------------------------------------------------------------
 
 
+def rank_tokens(out_dir: Path, vocab_size: int) -> list[int]:
+    """Every token id, the answer tokens of the data shards first by frequency (ties: lower id first),
+    then the unseen ones by id (a BPE vocabulary's lower ids were merged earlier, i.e. are more common)."""
+    counts = collections.Counter()
+    for shard in sorted((Path(out_dir) / "data").glob("shard_*.pt")):
+        for sample in torch.load(shard, weights_only=True):
+            counts.update(sample["ids"][sample["start"]:].tolist())
+    seen = [token for token, _ in sorted(counts.items(), key=lambda item: (-item[1], item[0]))]
+    return seen + sorted(set(range(vocab_size)) - set(seen))
+
+
 def export(out_dir: Path, destination: Path, base_model=None, compact: bool = True) -> Path:
-    """Write the trained head: compact (fp16 safetensors, no embedding) or the full EAGLE-1 format."""
+    """Write the trained head: compact (fp16 safetensors, no embedding) or the full EAGLE-1 format.
+
+    Both carry draft_vocab.json, the answer tokens of the training data ranked by frequency.
+    """
     saved = torch.load(Path(out_dir) / "checkpoint.pt", weights_only=False)
     target, _ = models.load_target(base_model, torch.float32)
     draft_head = head_module.random_head(target).float()
     draft_head.load_state_dict(saved["head"])
+    draft_head.draft_vocab = rank_tokens(out_dir, target.config.vocab_size)
     if compact:
         return head_module.save_head(draft_head.half(), destination, safetensors=True)
     return head_module.save_head(draft_head, destination, target=target)

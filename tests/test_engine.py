@@ -76,6 +76,29 @@ def test_first_three_tokens_follow_the_target_exactly(tiny, scheme, verifier, tr
     assert chi_square_p_value(empirical_first_three(decoder, 1.0), exact) > P_VALUE
 
 
+@pytest.mark.parametrize("scheme, verifier", [("with_replacement", "rrs_w"), ("with_replacement", "kseq"),
+                                             ("without_replacement", "rrs_wo"), ("greedy", "greedy")])
+def test_a_reduced_draft_vocabulary_stays_exact(tiny, scheme, verifier):
+    # q lives on 2 of the 4 tokens: drafts outside it come only from the fill convention
+    target, draft_head = tiny
+    draft_head.draft_vocab = [2, 0, 3, 1]
+    try:
+        decoder = engine.Decoder(target, draft_head, tree.compile_tree(TREES["wide"]), scheme, verifier,
+                                 draft_vocab=2)
+        q = decoder._draft_distribution(torch.randn(3, target.config.hidden_size, dtype=target.dtype), 1.0)
+        assert torch.equal(q[:, [1, 3]], torch.zeros(3, 2)) and torch.allclose(q.sum(-1), torch.ones(3))
+        exact = exact_first_three(target, 1.0)
+        assert chi_square_p_value(empirical_first_three(decoder, 1.0), exact) > P_VALUE
+    finally:
+        draft_head.draft_vocab = None
+
+
+def test_draft_vocabulary_needs_the_heads_token_ranking(tiny):
+    target, draft_head = tiny
+    with pytest.raises(ValueError, match="draft_vocab.json"):
+        engine.Decoder(target, draft_head, tree.compile_tree(TREES["wide"]), draft_vocab=2)
+
+
 def test_the_statistical_test_catches_a_biased_verifier(tiny):
     target, draft_head = tiny
     broken = SkipsDuplicateUpdate()
@@ -157,3 +180,13 @@ def test_other_architectures_decode_greedily_and_losslessly(family):
     result = decoder.generate(PROMPT, 16, 0.0)
     assert result.token_ids == sequence[len(PROMPT):]
     assert result.cycles < 16  # the sharp random head gets drafts accepted: the tree path is exercised
+
+
+def test_auto_draft_vocabulary_follows_the_head(tiny):
+    _, draft_head = tiny
+    assert engine.resolve_draft_vocab(draft_head, "auto") is None and engine.resolve_draft_vocab(None, "auto") is None
+    draft_head.draft_vocab = list(range(4))
+    try:
+        assert engine.resolve_draft_vocab(draft_head, "auto") == 4 and engine.resolve_draft_vocab(draft_head, 2) == 2
+    finally:
+        draft_head.draft_vocab = None

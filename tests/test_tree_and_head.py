@@ -93,6 +93,17 @@ def test_head_round_trip_in_eagle1_format(tmp_path, safetensors):
     assert torch.equal(head_logits(original, target), head_logits(reloaded, target))
 
 
+def test_draft_vocabulary_round_trip_and_check(tmp_path):
+    target = tiny_target(vocab=11)
+    original = head.random_head(target)
+    original.draft_vocab = [4, 1, 7]
+    folder = head.save_head(original, tmp_path / "head", safetensors=True)
+    assert head.load_head(str(folder), target).draft_vocab == [4, 1, 7]
+    (folder / head.DRAFT_VOCAB_FILE).write_text(json.dumps({"token_ids": [4, 11]}))
+    with pytest.raises(ValueError, match="token ids outside the vocabulary of 11"):
+        head.load_head(str(folder), target)
+
+
 def test_head_that_does_not_fit_is_refused(tmp_path):
     small = tiny_target(vocab=11, hidden=32)
     folder = head.save_head(head.random_head(small), tmp_path / "head")
