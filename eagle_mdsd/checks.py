@@ -14,9 +14,9 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from . import benchmarks, engine, head, models, questions, tree
+from . import benchmarks, dynamic, engine, head, models, questions
 
-ALL_TREES = ("eagle_default", "binary_depth4", "quad_depth3", "chain4", "chain6")
+ALL_TREES = ("eagle_default", "binary_depth4", "quad_depth3", "chain4", "chain6", "eagle2", "opt_tree")
 
 
 def _first_difference(a: list[int], b: list[int]) -> int | None:
@@ -50,7 +50,7 @@ def greedy_equivalence(rows_file: Path, question_count: int = 5, max_new_tokens:
                     out = target.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False)
                 references[question["question_id"]] = out[0, len(prompt):].tolist()
             reference = references[question["question_id"]]
-            decoder = engine.Decoder(target, draft_head, tree.load(tree_name), eos_token_ids=eos)
+            decoder = engine.Decoder(target, draft_head, dynamic.load(tree_name), eos_token_ids=eos)
             result = decoder.generate(prompt, max_new_tokens, 0.0)
             row = {"dtype": dtype, "question_id": question["question_id"], "tree": tree_name,
                    "identical": result.token_ids == reference, "tokens": result.new_tokens,

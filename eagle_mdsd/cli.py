@@ -86,15 +86,14 @@ def _runner(args, device=None):
     """
     from transformers.utils import logging as hf_logging
 
-    from . import head, models, suite, tree
-    from .engine import check_drafter_fits
+    from . import head, models, suite
 
     if args.temperature < 0:
         raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
-    topology = tree.load(args.tree) if args.method == "eagle" else None
+    topology = _topology(args) if args.method == "eagle" else None
     verification.check_pair(args.drafter, args.verifier)
     if topology is not None:
-        check_drafter_fits(args.drafter, topology)
+        suite.check_fits(topology, args.drafter, args.verifier)
         if args.ea_model is None and args.base_model not in (None, models.EMBEDDED):
             raise ValueError(f"--ea-model is required with --base-model {args.base_model}: give the folder or hub id "
                              "of an EAGLE-1 head trained for it, or --ea-model random")
@@ -141,7 +140,7 @@ def cmd_check_greedy(args) -> None:
 
     out = Path(args.out)
     rows_file = out / f"greedy_check_{datetime.date.today().isoformat()}.jsonl"
-    rows = checks.greedy_equivalence(rows_file, args.questions, args.max_new_tokens, args.trees.split(","),
+    rows = checks.greedy_equivalence(rows_file, args.questions, args.max_new_tokens, args.trees,
                                      args.dtypes.split(","), args.ea_model)
     text = checks.summary_markdown(rows, args.max_new_tokens, args.ea_model)
     rows_file.with_suffix(".md").write_text(text)
@@ -225,11 +224,30 @@ def cmd_benchmark(args) -> None:
 
     result = suite.run_benchmark(Path(args.out), Path(args.answers), args.bench, None if args.all else args.questions,
                                  _floats(args.temperatures, "temperatures"), args.methods.split(","), args.dtype,
-                                 args.device, args.max_new_tokens, args.tree, args.drafter, args.verifier, args.seed,
-                                 args.draft_vocab, args.name)
+                                 args.device, args.max_new_tokens, args.trees,
+                                 args.drafter, args.verifier, args.seed, args.draft_vocab, args.name)
     stem = Path(args.out) / result["name"]
     print(stem.with_suffix(".md").read_text())
     print(f"wrote {stem}.md, .json and the charts")
+
+
+def cmd_sequoia(args) -> None:
+    from . import engine, head, models, sequoia
+
+    if args.temperature < 0:
+        raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
+    target, tokenizer = models.load_target(None, models.parse_dtype(args.dtype), args.device)
+    draft_head = head.load_head(args.ea_model or models.DEFAULT_HEAD, target)
+    eos = models.eos_token_ids(target, tokenizer)
+
+    def decoder_for(topology):
+        return engine.Decoder(target, draft_head, topology, eos_token_ids=eos, draft_vocab=args.draft_vocab)
+
+    out = sequoia.build(decoder_for, tokenizer, args.name, args.max_nodes, args.max_depth, args.hardware_aware,
+                        args.temperature, args.prompts, args.max_new_tokens)
+    record = json.loads(out.read_text())
+    print(f"wrote {out}: {record['description']}; acceptance by rank "
+          f"{', '.join(f'{a:.3f}' for a in record['acceptance'])} ({record['visits']} nodes)")
 
 
 def cmd_sweep(args) -> None:
@@ -240,10 +258,32 @@ def cmd_sweep(args) -> None:
         pairs = [tuple(pair.split("/")) for pair in args.pairs.split(",")]
         if any(len(pair) != 2 for pair in pairs):
             raise ValueError("--pairs must be 'all' or drafter/verifier pairs such as topk/topk,greedy/greedy")
-    md = suite.sweep(Path(args.out), Path(args.answers), args.trees.split(","), _floats(args.temperatures,
+    md = suite.sweep(Path(args.out), Path(args.answers), args.trees, _floats(args.temperatures,
                      "temperatures"), pairs, args.bench, args.questions, args.turns or None, args.max_new_tokens,
                      args.dtype, args.device, args.seed, args.name, args.draft_vocab)
     print(md.read_text())
+
+
+def _add_tree_options(parser) -> None:
+    parser.add_argument("--tree", default="eagle_default",
+                        help="tree name (tree_configs/), chainN, a .json file, or a dynamic tree: eagle2, opt_tree")
+    parser.add_argument("--drafter", default="topk", help="drafting scheme (eagle-mdsd pairs lists them)")
+    parser.add_argument("--verifier", default="topk", help="verifier (eagle-mdsd pairs lists them)")
+    parser.add_argument("--draft-vocab", type=_draft_vocab, default="auto", help=DRAFT_VOCAB_HELP)
+    parser.add_argument("--total-tokens", type=int, default=None, help="eagle2: tokens verified per cycle (60)")
+    parser.add_argument("--depth", type=int, default=None, help="eagle2: draft levels (6)")
+    parser.add_argument("--top-k", type=int, default=None, help="eagle2 / opt_tree: children per expanded node (10 / 8)")
+    parser.add_argument("--nodes", type=int, default=None, help="opt_tree: draft nodes per cycle (40)")
+    parser.add_argument("--threshold", type=float, default=None,
+                        help="opt_tree: stop growing when a level adds less expected length (0.1)")
+    parser.add_argument("--max-depth", type=int, default=None, help="opt_tree: most draft levels (10)")
+
+
+def _topology(args, spec: str | None = None):
+    from . import dynamic
+
+    return dynamic.load(spec or args.tree, total_tokens=args.total_tokens, depth=args.depth, top_k=args.top_k,
+                        nodes=args.nodes, threshold=args.threshold, max_depth=args.max_depth)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -261,10 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--base-model", default=None, help="hub id, folder or .gguf file (default: embedded SmolLM2)")
     gen.add_argument("--ea-model", default=None,
                      help="EAGLE-1 head folder or hub id (default: the shipped head; 'random' for an untrained one)")
-    gen.add_argument("--tree", default="eagle_default", help="tree name, chainN, or a .json file")
-    gen.add_argument("--drafter", default="topk", help="drafting scheme (eagle-mdsd pairs lists them)")
-    gen.add_argument("--verifier", default="topk", help="verifier (eagle-mdsd pairs lists them)")
-    gen.add_argument("--draft-vocab", type=_draft_vocab, default="auto", help=DRAFT_VOCAB_HELP)
+    _add_tree_options(gen)
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--max-new-tokens", type=int, default=128)
     gen.add_argument("--seed", type=int, default=0)
@@ -277,7 +314,8 @@ def build_parser() -> argparse.ArgumentParser:
     greedy = sub.add_parser("check-greedy", help="T=0 token equality with transformers generate, embedded model")
     greedy.add_argument("--questions", type=int, default=5)
     greedy.add_argument("--max-new-tokens", type=int, default=128)
-    greedy.add_argument("--trees", default="eagle_default,binary_depth4,quad_depth3,chain4,chain6")
+    greedy.add_argument("--trees", nargs="+", default=["eagle_default", "binary_depth4", "quad_depth3", "chain4",
+                                                       "chain6", "eagle2", "opt_tree"])
     greedy.add_argument("--dtypes", default="float32,bfloat16")
     greedy.add_argument("--ea-model", default="random", help="head folder, or 'random' (default)")
     greedy.add_argument("--out", default="evaluation/results")
@@ -309,10 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="eagle, baseline (autoregressive, same loop), hf_generate or prompt_lookup (transformers)")
     run.add_argument("--base-model", default=None)
     run.add_argument("--ea-model", default=None)
-    run.add_argument("--tree", default="eagle_default")
-    run.add_argument("--drafter", default="topk")
-    run.add_argument("--verifier", default="topk")
-    run.add_argument("--draft-vocab", type=_draft_vocab, default="auto", help=DRAFT_VOCAB_HELP)
+    _add_tree_options(run)
     run.add_argument("--temperature", type=float, default=0.0)
     run.add_argument("--max-new-tokens", type=int, default=128)
     run.add_argument("--seed", type=int, default=0)
@@ -339,7 +374,9 @@ def build_parser() -> argparse.ArgumentParser:
     suite_parser.add_argument("--dtype", default="bfloat16")
     suite_parser.add_argument("--device", default="cpu")
     suite_parser.add_argument("--max-new-tokens", type=int, default=128)
-    suite_parser.add_argument("--tree", default="eagle_default")
+    suite_parser.add_argument("--trees", nargs="+", default=["eagle_default"],
+                              help="EAGLE runs once per tree (dynamic ones with options, "
+                                   "e.g. eagle_default eagle2:total_tokens=16,depth=5,top_k=4)")
     suite_parser.add_argument("--drafter", default="topk")
     suite_parser.add_argument("--verifier", default="topk")
     suite_parser.add_argument("--seed", type=int, default=0)
@@ -349,7 +386,7 @@ def build_parser() -> argparse.ArgumentParser:
     suite_parser.add_argument("--answers", default="evaluation/answers/benchmark")
     suite_parser.set_defaults(fn=cmd_benchmark)
     sw = sub.add_parser("sweep", help="tau and tokens/s of every tree x drafter/verifier x temperature cell")
-    sw.add_argument("--trees", default="chain4,binary_depth4,quad_depth3,eagle_default")
+    sw.add_argument("--trees", nargs="+", default=["chain4", "binary_depth4", "quad_depth3", "eagle_default"])
     sw.add_argument("--temperatures", default="0,0.1,0.6,1")
     sw.add_argument("--pairs", default="all", help="'all' or drafter/verifier,... e.g. topk/topk,greedy/greedy")
     sw.add_argument("--bench", default="mt_bench")
@@ -364,6 +401,20 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--out", default="evaluation/results")
     sw.add_argument("--answers", default="evaluation/answers/sweeps")
     sw.set_defaults(fn=cmd_sweep)
+    seq = sub.add_parser("sequoia", help="measure the acceptance by child rank, write the best static tree")
+    seq.add_argument("--name", default="sequoia", help="writes tree_configs/NAME.json")
+    seq.add_argument("--max-nodes", type=int, default=32)
+    seq.add_argument("--max-depth", type=int, default=8)
+    seq.add_argument("--hardware-aware", action="store_true",
+                     help="pick size and depth by predicted tokens/s from timings on this machine")
+    seq.add_argument("--temperature", type=float, default=0.0)
+    seq.add_argument("--prompts", type=int, default=8, help="held-out training prompts to measure on")
+    seq.add_argument("--max-new-tokens", type=int, default=96)
+    seq.add_argument("--ea-model", default=None)
+    seq.add_argument("--draft-vocab", type=_draft_vocab, default="auto", help=DRAFT_VOCAB_HELP)
+    seq.add_argument("--dtype", default="bfloat16")
+    seq.add_argument("--device", default="cpu")
+    seq.set_defaults(fn=cmd_sequoia)
     bench = sub.add_parser("bench-core", help="time one node's drafting/verification and alpha* on this machine")
     bench.add_argument("--out", default="evaluation/results", help="results folder")
     bench.add_argument("--max-drafts", type=int, default=8, help="largest n timed (default 8)")

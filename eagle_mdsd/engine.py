@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
-from . import drafting, verification
+from . import drafting, dynamic, verification
 from .tree import Tree
 
 
@@ -134,6 +134,7 @@ class GenerationResult:
     prefill_time_s: float = 0.0
     wall_time_s: float = 0.0
     profile: dict[str, float] = field(default_factory=dict)  # seconds per phase, with profile=True
+    accepted_ranks: list[int] = field(default_factory=list)  # per visited node with children: child rank or -1
 
     @property
     def new_tokens(self) -> int:
@@ -180,8 +181,8 @@ def resolve_draft_vocab(head, draft_vocab: int | str | None) -> int | None:
 class Decoder:
     """Speculative decoding of one target with an EAGLE head over a static tree."""
 
-    def __init__(self, target, head=None, tree: Tree | None = None, drafter="topk", verifier="topk",
-                 eos_token_ids=(), draft_vocab: int | str | None = None):
+    def __init__(self, target, head=None, tree: Tree | dynamic.DynamicTree | None = None, drafter="topk",
+                 verifier="topk", eos_token_ids=(), draft_vocab: int | str | None = None):
         """draft_vocab: draft over the head's N most frequent tokens only (q is 0 elsewhere; still exact);
         'auto': AUTO_DRAFT_VOCAB of them when the head ships its token ranking, else the full vocabulary."""
         self.target, self.head, self.tree = target, head, tree
@@ -203,11 +204,16 @@ class Decoder:
             self.draft_rows, self.draft_weight = rows, self.lm_head.weight[rows].contiguous()
             bias = getattr(self.lm_head, "bias", None)
             self.draft_bias = None if bias is None else bias[rows].contiguous()
-        if tree is not None:
+        if isinstance(tree, dynamic.DynamicTree):
+            dynamic.check_pair(self.scheme.name, self.verifier.name)
+        elif tree is not None:
             check_drafter_fits(self.scheme, tree, self.lm_head.weight.shape[0])
-            device = self.lm_head.weight.device
-            self.tree_depth = torch.tensor(tree.depth, device=device)
-            self.tree_visible = tree.ancestors.to(device)
+            self.static_buffers = self._buffers(tree)
+
+    def _buffers(self, tree: Tree) -> tuple[torch.Tensor, torch.Tensor]:
+        """(positions offset, ancestor mask) of a tree's nodes on the decoder's device."""
+        device = self.lm_head.weight.device
+        return torch.tensor(tree.depth, device=device), tree.ancestors.to(device)
 
     # -- target and head calls -------------------------------------------------------------
 
@@ -258,6 +264,7 @@ class Decoder:
         root = self._sample(warp(self.lm_head(features[-1]), temperature), generator)
         prefill_time = time.perf_counter() - start
         result = GenerationResult(prompt.tolist(), [root], 0)
+        self.accepted_ranks = result.accepted_ranks  # the walks append to it
         pending = (features, torch.cat([prompt[1:], prompt.new_tensor([root])]))
         while root not in self.eos and result.new_tokens < max_new_tokens:
             if method == "baseline":
@@ -295,19 +302,11 @@ class Decoder:
         q = torch.zeros(predicted.shape[:-1] + self.lm_head.weight.shape[:1], device=logits.device)
         return q.index_copy_(-1, self.draft_rows, torch.softmax(logits / scale, -1))
 
-    def _cycle(self, length, root, pending, temperature, generator):
+    def _draft_static(self, length, root, root_prediction, committed, temperature, generator):
+        """Level by level, each internal node's children drawn by the drafter from its q."""
         tree, device = self.tree, self.lm_head.weight.device
-        self.timer.start()
-        # 1. the head catches up on the pairs with true features; its last output is the root's.
-        features, tokens = pending
-        committed = self.head_cache.layers[0].length
-        k = len(tokens)
-        visible = torch.ones(k, committed + k, dtype=torch.bool, device=device)
-        visible[:, committed:] = torch.ones(k, k, dtype=torch.bool, device=device).tril_()
-        predicted = {0: self._head(features, tokens, torch.arange(length - k + 1, length + 1, device=device),
-                                   visible)[-1]}
-        committed += k
-        # 2. draft the tree level by level.
+        tree_visible = self.static_buffers[1]
+        predicted = {0: root_prediction}
         node_tokens = torch.empty(tree.size + 1, dtype=torch.long, device=device)
         node_tokens[0] = root
         draft_q = {}
@@ -319,7 +318,7 @@ class Decoder:
             if depth > 0:
                 head_slots += parents
                 rows = torch.tensor(parents, device=device)
-                seen = self.tree_visible[rows][:, head_slots]
+                seen = tree_visible[rows][:, head_slots]
                 visible = torch.cat([torch.ones(len(parents), committed, dtype=torch.bool, device=device), seen], 1)
                 inputs = torch.stack([predicted[tree.parent[node]] for node in parents])
                 outputs = self._head(inputs, node_tokens[rows], torch.full_like(rows, length + depth), visible)
@@ -332,12 +331,58 @@ class Decoder:
                     node = parents[i]
                     draft_q[node] = q[i]
                     node_tokens[list(tree.children[node])] = drafts[row]
-        keep(self.head_cache, committed, node_tokens[:0])  # drop the tree entries
+        return node_tokens, draft_q
+
+    def _draft_dynamic(self, length, root, root_prediction, committed, temperature):
+        """Grow this cycle's tree from the head's probabilities (EAGLE-2, OPT-Tree): (tree, tokens, q)."""
+        device = self.lm_head.weight.device
+        predicted = {0: root_prediction}
+        head_slots = []  # candidate held by each head cache entry after `committed`
+
+        def expand(frontier, candidates):
+            head_slots.extend(frontier)
+            seen = torch.tensor([[candidates.is_ancestor(slot, node) for slot in head_slots] for node in frontier],
+                                device=device)
+            visible = torch.cat([torch.ones(len(frontier), committed, dtype=torch.bool, device=device), seen], 1)
+            inputs = torch.stack([predicted[candidates.parent[node]] for node in frontier])
+            tokens = torch.tensor([candidates.token[node] for node in frontier], device=device)
+            positions = torch.full_like(tokens, length + candidates.depth[frontier[0]])
+            outputs = self._head(inputs, tokens, positions, visible)
+            predicted.update(zip(frontier, outputs))
+            return self._draft_distribution(outputs, temperature)
+
+        root_q = self._draft_distribution(root_prediction[None], temperature)[0]
+        candidates, expanded = dynamic.grow(self.tree, root, root_q, expand)
+        tree, chosen = dynamic.select(candidates, self.tree.nodes)
+        node_tokens = torch.tensor([candidates.token[c] for c in chosen], device=device)
+        draft_q = {node: expanded[c] for node, c in enumerate(chosen) if tree.children[node]}
+        return tree, node_tokens, draft_q
+
+    def _cycle(self, length, root, pending, temperature, generator):
+        device = self.lm_head.weight.device
+        self.timer.start()
+        # 1. the head catches up on the pairs with true features; its last output is the root's.
+        features, tokens = pending
+        committed = self.head_cache.layers[0].length
+        k = len(tokens)
+        visible = torch.ones(k, committed + k, dtype=torch.bool, device=device)
+        visible[:, committed:] = torch.ones(k, k, dtype=torch.bool, device=device).tril_()
+        root_prediction = self._head(features, tokens, torch.arange(length - k + 1, length + 1, device=device),
+                                     visible)[-1]
+        committed += k
+        # 2. draft the tree (the head's tree entries are dropped afterwards).
+        if isinstance(self.tree, dynamic.DynamicTree):
+            tree, node_tokens, draft_q = self._draft_dynamic(length, root, root_prediction, committed, temperature)
+            tree_depth, tree_visible = self._buffers(tree)
+        else:
+            tree, (tree_depth, tree_visible) = self.tree, self.static_buffers
+            node_tokens, draft_q = self._draft_static(length, root, root_prediction, committed, temperature,
+                                                      generator)
+        keep(self.head_cache, committed, node_tokens[:0])
         self.timer.lap("draft")
         # 3. one target forward over the whole tree.
-        visible = torch.cat([torch.ones(tree.size + 1, length, dtype=torch.bool, device=device),
-                             self.tree_visible], 1)
-        features = self._target(node_tokens, length + self.tree_depth, visible)
+        visible = torch.cat([torch.ones(tree.size + 1, length, dtype=torch.bool, device=device), tree_visible], 1)
+        features = self._target(node_tokens, length + tree_depth, visible)
         self.timer.lap("target")
         # 4. verify from the root down; logits only for the nodes the walk reaches.
         node, accepted = 0, []
@@ -350,6 +395,7 @@ class Decoder:
             drafts = node_tokens[list(kids)]
             output = self.verifier.sample(p, draft_q[node], drafts, generator)
             match = (drafts == output).nonzero()
+            self.accepted_ranks.append(int(match[0]) if len(match) else -1)
             if len(match) == 0:
                 bonus = output
                 break

@@ -1,0 +1,158 @@
+"""Dynamic draft trees, grown anew every cycle from the head's own probabilities.
+
+EAGLE-2 (Li et al. 2024): expand the tree depth by depth; at each depth the
+`top_k` candidates with the highest path score (the product of the head's
+probabilities along the path, kept as a sum of logs) are expanded into their
+`top_k` most probable children; after `depth` levels every candidate is
+ranked by path score and the best `nodes` become the tree the target checks.
+A child's score never exceeds its parent's, so the chosen set always holds
+its ancestors, and the chosen children of a node are its most probable ones.
+
+OPT-Tree (Wang et al. 2024) asks for the tree that maximises the expected
+accepted length sum_v prod_{path} q under a node budget: the top-`nodes`
+candidates by path score are that tree for the candidates grown so far, and
+growing stops once a depth's expanded candidates carry less expected length
+(the sum of their path probabilities) than `threshold`, or at `max_depth`.
+
+Both draft each node's children deterministically (the top tokens of q), so
+they pair with the `topk` verifier at every temperature: the target's token
+is drawn from p and accepted when it is a child, whatever the tree looks like.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from . import tree as static_trees
+from .drafting import top_tokens
+
+NAMES = ("eagle2", "opt_tree")
+
+
+@dataclass(frozen=True)
+class DynamicTree:
+    name: str
+    nodes: int                # draft tokens the target checks per cycle
+    max_depth: int
+    top_k: int                # children per expanded node, and nodes expanded per depth
+    threshold: float = 0.0    # opt_tree: stop growing below this expected gain
+
+    @property
+    def label(self) -> str:
+        if self.name == "eagle2":
+            return f"eagle2:total_tokens={self.nodes + 1},depth={self.max_depth},top_k={self.top_k}"
+        return f"opt_tree:nodes={self.nodes},threshold={self.threshold:g},max_depth={self.max_depth},top_k={self.top_k}"
+
+    @property
+    def size(self) -> int:
+        """Most entries a cycle adds to a cache: the tree, or the head's expansions."""
+        return max(self.nodes, self.top_k * self.max_depth)
+
+
+# EAGLE-2's released defaults (total_token 60, depth 5 after the first level, top_k 10); OPT-Tree's budget.
+DEFAULTS = {"eagle2": {"total_tokens": 60, "depth": 6, "top_k": 10},
+            "opt_tree": {"nodes": 40, "threshold": 0.1, "max_depth": 10, "top_k": 8}}
+
+
+def load(spec: str, **overrides):
+    """A static tree (tree.load) or a dynamic one: 'eagle2', 'opt_tree', or with options such as
+    'eagle2:total_tokens=16,depth=5,top_k=4'; `overrides` (CLI flags, None = unset) apply first."""
+    name, _, options = spec.partition(":")
+    if name not in NAMES:
+        return static_trees.load(spec)
+    values = dict(DEFAULTS[name])
+    values.update({key: value for key, value in overrides.items() if key in values and value is not None})
+    for item in filter(None, options.split(",")):
+        key, _, raw = item.partition("=")
+        if key not in values:
+            raise ValueError(f"tree {spec!r}: unknown option {key!r}; {name} takes {', '.join(values)}")
+        try:
+            values[key] = type(values[key])(raw)
+        except ValueError:
+            raise ValueError(f"tree {spec!r}: {key} must be a number, got {raw!r}") from None
+    if name == "eagle2":
+        return make(name, values["total_tokens"] - 1, values["depth"], values["top_k"])
+    return make(name, values["nodes"], values["max_depth"], values["top_k"], values["threshold"])
+
+
+def make(name: str, nodes: int, max_depth: int, top_k: int, threshold: float = 0.0) -> DynamicTree:
+    """A dynamic tree spec; every bad value is a one-line error."""
+    if name not in NAMES:
+        raise ValueError(f"unknown dynamic tree {name!r}: use one of {', '.join(NAMES)}")
+    for label, value in (("nodes (--total-tokens - 1 / --nodes)", nodes), ("depth", max_depth), ("top-k", top_k)):
+        if value < 1:
+            raise ValueError(f"{name}: {label} must be at least 1, got {value}")
+    if nodes > static_trees.MAX_NODES:
+        raise ValueError(f"{name}: at most {static_trees.MAX_NODES} nodes are supported, got {nodes}")
+    if threshold < 0:
+        raise ValueError(f"{name}: --threshold must be >= 0, got {threshold}")
+    return DynamicTree(name, nodes, max_depth, top_k, threshold)
+
+
+def check_pair(drafter: str, verifier: str) -> None:
+    if (drafter, verifier) != ("topk", "topk"):
+        raise ValueError(f"dynamic trees draft the most probable children deterministically: use --drafter topk "
+                         f"--verifier topk (got {drafter}/{verifier})")
+
+
+class Candidates:
+    """The grown candidate tree: parallel lists, index 0 the root."""
+
+    def __init__(self, root: int):
+        self.token, self.parent, self.depth, self.rank, self.score = [root], [-1], [0], [0], [0.0]
+        self.path: list[tuple[int, ...]] = [()]
+
+    def add(self, parent: int, tokens: list[int], log_probs: list[float]) -> list[int]:
+        first = len(self.token)
+        for rank, (token, log_prob) in enumerate(zip(tokens, log_probs)):
+            self.token.append(token)
+            self.parent.append(parent)
+            self.depth.append(self.depth[parent] + 1)
+            self.rank.append(rank)
+            self.score.append(self.score[parent] + log_prob)
+            self.path.append(self.path[parent] + (rank,))
+        return list(range(first, len(self.token)))
+
+    def best(self, among: list[int], count: int) -> list[int]:
+        """The `count` highest-scoring of `among`; ties: shallower, then earlier."""
+        return sorted(among, key=lambda c: (-self.score[c], self.depth[c], c))[:count]
+
+    def is_ancestor(self, ancestor: int, node: int) -> bool:
+        """Ancestor or self: a path of sibling ranks names one candidate."""
+        path = self.path[ancestor]
+        return self.path[node][: len(path)] == path
+
+
+def select(candidates: Candidates, nodes: int) -> tuple[static_trees.Tree, list[int]]:
+    """The tree of the best `nodes` candidates, and the candidate behind each tree node (root first)."""
+    chosen = candidates.best(list(range(1, len(candidates.token))), nodes)
+    tree = static_trees.compile_tree([list(candidates.path[c]) for c in chosen], "dynamic")
+    by_path = {candidates.path[c]: c for c in chosen}
+    return tree, [0] + [by_path[path] for path in tree.paths]
+
+
+def grow(spec: DynamicTree, root: int, root_q: torch.Tensor, expand) -> tuple[Candidates, dict[int, torch.Tensor]]:
+    """Grow the candidates; expand(frontier, candidates) -> q rows [F, V] of the frontier's children.
+
+    Returns the candidates and q of every expanded candidate.
+    """
+    candidates = Candidates(root)
+    expanded = {0: root_q}
+    frontier, q = [0], root_q[None]
+    for depth in range(spec.max_depth):
+        if depth > 0:
+            q = expand(frontier, candidates)
+            expanded.update(zip(frontier, q))
+        tops = top_tokens(q, min(spec.top_k, q.shape[-1]))
+        log_probs = q.gather(-1, tops).clamp_min(1e-30).log()
+        children = []
+        for row, parent in enumerate(frontier):
+            children += candidates.add(parent, tops[row].tolist(), log_probs[row].tolist())
+        frontier = candidates.best(children, spec.top_k)
+        gain = sum(math.exp(candidates.score[c]) for c in frontier)  # expected length they would add
+        if spec.name == "opt_tree" and gain < spec.threshold:
+            break
+    return candidates, expanded

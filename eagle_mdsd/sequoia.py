@@ -1,0 +1,189 @@
+"""Sequoia (Chen et al. 2024): the best static tree for a measured positional acceptance vector.
+
+With deterministic top-k children and the topk verifier, the child of rank i
+(0-based) is accepted with probability a_i = E[p(i-th most probable draft
+token)], whatever its siblings.  Assuming these probabilities are the same at
+every node, a tree's expected tokens per cycle is
+
+    E(T) = 1 + sum over draft nodes v of prod over the edges to v of a_rank,
+
+and the best tree with n nodes (root included) and depth at most d is
+
+    f(1, d) = 1,   f(n, d) = 1 + max over child sizes n_0 + n_1 + ... = n - 1
+                                 of sum_i a_i f(n_i, d - 1),
+
+a knapsack over the child ranks (children fill ranks 0, 1, ... in order).
+The hardware-aware mode weighs E(T) against the time of a cycle measured on
+this machine: target forward of n tokens + d head steps + verification.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import random
+import time
+from pathlib import Path
+
+import torch
+
+from . import engine, models, tree as trees
+
+NEG = float("-inf")
+
+
+def measuring_tree(width: int, depth: int) -> trees.Tree:
+    """Along the rank-0 chain every node has `width` children: each cycle visits up to `depth` such nodes."""
+    paths = [[0] * (d - 1) + [rank] for d in range(1, depth + 1) for rank in range(width)]
+    return trees.compile_tree(paths, f"measure_{width}x{depth}")
+
+
+def best_trees(acceptance: list[float], max_nodes: int, max_depth: int):
+    """value[n, d] = f(n, d) for 1 <= n <= max_nodes, 1 <= d <= max_depth (levels, root included),
+    and paths(n, d): the paths of such a best tree."""
+    ranks = len(acceptance)
+
+    @functools.lru_cache(maxsize=None)
+    def f(n: int, d: int) -> float:
+        """Best E of a tree with exactly n nodes on at most d levels (the root's level included)."""
+        if n == 1:
+            return 1.0
+        return NEG if d == 1 else 1.0 + g(0, n - 1, d - 1)
+
+    @functools.lru_cache(maxsize=None)
+    def g(rank: int, m: int, d: int) -> float:
+        """Best sum_i a_i f(n_i, d) over children of ranks >= rank with m nodes in all."""
+        if m == 0:
+            return 0.0
+        if rank == ranks:
+            return NEG
+        return max(acceptance[rank] * f(size, d) + g(rank + 1, m - size, d) for size in range(1, m + 1))
+
+    def paths(n: int, d: int, prefix: tuple[int, ...] = ()) -> list[list[int]]:
+        out, m, rank, depth_left = [], n - 1, 0, d - 1
+        while m > 0 and depth_left > 0:
+            best = max(range(1, m + 1),
+                       key=lambda size: acceptance[rank] * f(size, depth_left) + g(rank + 1, m - size, depth_left))
+            child = prefix + (rank,)
+            out.append(list(child))
+            out += paths(best, depth_left, child)
+            m, rank = m - best, rank + 1
+        return out
+
+    value = {(n, d): f(n, d) for n in range(1, max_nodes + 1) for d in range(1, max_depth + 1)}
+    return value, paths
+
+
+def measure_acceptance(decoder: engine.Decoder, prompts: list[list[int]], max_new_tokens: int,
+                       temperature: float, seed: int = 0) -> tuple[list[float], int]:
+    """a_i from the decoder's walks (its tree must be a measuring tree): (vector, nodes visited)."""
+    width = max(len(kids) for kids in decoder.tree.children)
+    accepted, visits = [0] * width, 0
+    for index, prompt in enumerate(prompts):
+        result = decoder.generate(prompt, max_new_tokens, temperature, seed + index)
+        for rank in result.accepted_ranks:
+            visits += 1
+            if rank >= 0:
+                accepted[rank] += 1
+    return [count / max(visits, 1) for count in accepted], visits
+
+
+def time_cycle_parts(decoder: engine.Decoder, prompt: list[int], sizes=(1, 2, 4, 8, 16, 32, 64),
+                     repeats: int = 5) -> dict:
+    """Median seconds of a target forward over n tree tokens after `prompt`, and of one head draft step."""
+    device = decoder.lm_head.weight.device
+    prompt = torch.tensor(prompt, device=device)
+    length = len(prompt)
+    capacity = length + max(sizes) + 2
+    decoder.target_cache = engine.preallocated_cache(decoder.target.config.num_hidden_layers, capacity)
+    decoder.head_cache = engine.preallocated_cache(1, capacity)
+    timings = {"target_s": {}, "head_step_s": 0.0}
+    with torch.inference_mode():
+        causal = torch.ones(length, length, dtype=torch.bool, device=device).tril_()
+        features = decoder._target(prompt, torch.arange(length, device=device), causal)
+        for n in sizes:
+            tokens = prompt[-1:].repeat(n)
+            visible = torch.ones(n, length + n, dtype=torch.bool, device=device)
+            samples = []
+            for _ in range(repeats + 1):
+                start = time.perf_counter()
+                decoder._target(tokens, torch.full((n,), length, device=device), visible)
+                samples.append(time.perf_counter() - start)
+                engine.keep(decoder.target_cache, length, tokens[:0])
+            timings["target_s"][n] = sorted(samples[1:])[repeats // 2]
+        inputs = features[-8:]
+        visible = torch.ones(8, 8, dtype=torch.bool, device=device)
+        samples = []
+        for _ in range(repeats + 1):
+            start = time.perf_counter()
+            outputs = decoder._head(inputs, prompt[-8:], torch.arange(8, device=device), visible)
+            decoder._draft_distribution(outputs, 1.0)
+            samples.append(time.perf_counter() - start)
+            engine.keep(decoder.head_cache, 0, prompt[:0])
+        timings["head_step_s"] = sorted(samples[1:])[repeats // 2]
+    return timings
+
+
+def _target_seconds(timings: dict, n: int) -> float:
+    """Linear interpolation of the measured target forward times."""
+    points = sorted((int(k), v) for k, v in timings["target_s"].items())
+    for (n0, t0), (n1, t1) in zip(points, points[1:]):
+        if n <= n1:
+            return t0 + (t1 - t0) * (n - n0) / (n1 - n0)
+    (n0, t0), (n1, t1) = points[-2], points[-1]
+    return t1 + (t1 - t0) * (n - n1) / (n1 - n0)
+
+
+def choose(acceptance: list[float], max_nodes: int, max_depth: int, timings: dict | None = None,
+           verify_s: float = 0.0) -> dict:
+    """The best (nodes, depth): by expected tokens per cycle, or per second with `timings`."""
+    value, paths = best_trees(acceptance, max_nodes + 1, max_depth + 1)
+    best = None
+    for (n, d), expected in value.items():
+        if n > max_nodes + 1 or d > max_depth + 1:
+            continue
+        if timings is None:
+            score, seconds = expected, None
+        else:  # one target forward over the tree, a head step per internal depth, the walk
+            seconds = _target_seconds(timings, n) + (d - 1) * timings["head_step_s"] + verify_s
+            score = expected / seconds
+        if best is None or score > best["score"] + 1e-12:
+            best = {"nodes": n - 1, "depth": d - 1, "expected_tokens": expected, "score": score,
+                    "cycle_s": seconds}
+    best["paths"] = paths(best["nodes"] + 1, best["depth"] + 1)
+    return best
+
+
+def held_out_prompts(tokenizer, count: int, seed: int = 0) -> list[list[int]]:
+    """Training-pool prompts from the far end of the shuffled pool (the data stage starts at the front)."""
+    from . import training
+
+    pool = training.load_prompts([training.DEFAULT_PROMPTS])
+    random.Random(seed).shuffle(pool)
+    return [models.chat_prompt_ids(tokenizer, p["prompt"]) for p in pool[-count:]]
+
+
+def build(decoder_for, tokenizer, name: str, max_nodes: int, max_depth: int, hardware_aware: bool,
+          temperature: float = 0.0, prompts: int = 8, max_new_tokens: int = 96, width: int = 8,
+          out_dir: Path = trees.TREE_DIR) -> Path:
+    """Measure a_i (and timings), pick the tree, write out_dir/NAME.json with how it was made."""
+    measuring = decoder_for(measuring_tree(width, min(max_depth, 4)))
+    chosen_prompts = held_out_prompts(tokenizer, prompts)
+    acceptance, visits = measure_acceptance(measuring, chosen_prompts, max_new_tokens, temperature)
+    timings = verify_s = None
+    if hardware_aware:
+        timings = time_cycle_parts(measuring, chosen_prompts[0])
+        profile = measuring.generate(chosen_prompts[0], max_new_tokens, temperature, profile=True)
+        verify_s = profile.profile.get("verify", 0.0) / max(profile.cycles, 1)
+    best = choose(acceptance, max_nodes, max_depth, timings, verify_s or 0.0)
+    record = {"paths": best["paths"],
+              "description": f"Sequoia tree: {best['nodes']} nodes, depth {best['depth']}, expected "
+                             f"{best['expected_tokens']:.3f} tokens per cycle"
+                             + (f", {best['expected_tokens'] / best['cycle_s']:.1f} tokens/s predicted"
+                                if hardware_aware else ""),
+              "acceptance": acceptance, "visits": visits, "temperature": temperature,
+              "max_nodes": max_nodes, "max_depth": max_depth, "hardware_aware": hardware_aware,
+              "timings": timings, "verify_s": verify_s}
+    out = Path(out_dir) / f"{name}.json"
+    out.write_text(json.dumps(record, indent=1) + "\n")
+    return out

@@ -1,0 +1,155 @@
+"""Dynamic trees (EAGLE-2, OPT-Tree) and Sequoia: exact decoding, optimal selection, the DP."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from eagle_mdsd import dynamic, engine, head, sequoia
+from test_engine import P_VALUE, PROMPT, chi_square_p_value, empirical_first_three, exact_first_three
+from tiny import tiny_target
+
+SPECS = ["eagle2:total_tokens=7,depth=3,top_k=2", "eagle2:total_tokens=5,depth=4,top_k=3",
+         "opt_tree:nodes=6,threshold=0.3,max_depth=4,top_k=3"]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    target = tiny_target()
+    draft_head = head.random_head(target)
+    with torch.no_grad():  # a sharp q that disagrees with p
+        draft_head.fc.weight.mul_(20.0)
+    return target, draft_head
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_dynamic_trees_are_greedy_at_temperature_zero(tiny, spec):
+    target, draft_head = tiny
+    reference = engine.Decoder(target).generate(PROMPT, 14, method="baseline").token_ids
+    result = engine.Decoder(target, draft_head, dynamic.load(spec)).generate(PROMPT, 14, 0.0)
+    assert result.token_ids == reference
+    assert all(-1 <= rank < 3 for rank in result.accepted_ranks)
+
+
+@pytest.mark.parametrize("spec", SPECS[:1] + SPECS[2:])
+def test_dynamic_trees_follow_the_target_exactly_at_temperature_one(tiny, spec):
+    target, draft_head = tiny
+    decoder = engine.Decoder(target, draft_head, dynamic.load(spec))
+    assert chi_square_p_value(empirical_first_three(decoder, 1.0), exact_first_three(target, 1.0)) > P_VALUE
+
+
+def test_dynamic_trees_take_the_topk_pair_only(tiny):
+    target, draft_head = tiny
+    with pytest.raises(ValueError, match="use --drafter topk --verifier topk"):
+        engine.Decoder(target, draft_head, dynamic.load("eagle2"), "with_replacement", "rrs_w")
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("eagle2:top_k=0", "top-k must be at least 1"),
+    ("eagle2:total_tokens=1", "must be at least 1"),
+    ("opt_tree:threshold=-1", "--threshold must be >= 0"),
+    ("opt_tree:depth=3", "unknown option 'depth'"),
+    ("eagle2:depth=two", "depth must be a number"),
+])
+def test_bad_dynamic_trees_are_one_line_errors(spec, message):
+    with pytest.raises(ValueError, match=message):
+        dynamic.load(spec)
+
+
+def _grown(seed: int, spec: dynamic.DynamicTree, vocab: int = 6):
+    """Candidates grown from random q's (the expand callback stands in for the head)."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def random_q(rows):
+        return torch.softmax(3 * torch.randn(rows, vocab, generator=gen, dtype=torch.float64), -1)
+
+    return dynamic.grow(spec, 0, random_q(1)[0], lambda frontier, _: random_q(len(frontier)))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_chosen_tree_maximises_expected_length_among_the_candidates(seed):
+    spec = dynamic.make("eagle2", 4, 3, 2)
+    candidates, expanded = _grown(seed, spec)
+    tree, chosen = dynamic.select(candidates, spec.nodes)
+    probability = [math.exp(s) for s in candidates.score]
+    best = 0.0
+    for subset in itertools.combinations(range(1, len(candidates.token)), spec.nodes):
+        if all(candidates.parent[c] == 0 or candidates.parent[c] in subset for c in subset):
+            best = max(best, sum(probability[c] for c in subset))
+    assert sum(probability[c] for c in chosen[1:]) == pytest.approx(best, abs=1e-12)
+    for node, kids in enumerate(tree.children):  # children: the parent's most probable tokens, in order
+        if kids:
+            q = expanded[chosen[node]]
+            tokens = [candidates.token[chosen[k]] for k in kids]
+            assert tokens == torch.sort(q, descending=True, stable=True).indices[: len(kids)].tolist()
+
+
+def test_opt_tree_stops_growing_below_the_threshold():
+    deep = _grown(0, dynamic.make("opt_tree", 8, 6, 2, threshold=0.0))[0]
+    shallow = _grown(0, dynamic.make("opt_tree", 8, 6, 2, threshold=0.99))[0]
+    assert max(deep.depth) == 6 and max(shallow.depth) < 6
+
+
+def _all_trees(n: int, levels: int):
+    """Every tree with n nodes on at most `levels` levels whose siblings take ranks 0, 1, ... (brute force)."""
+    if n == 1:
+        return [[]]
+    if levels == 1:
+        return []
+
+    def compositions(m):
+        if m == 0:
+            yield []
+            return
+        for size in range(1, m + 1):
+            for rest in compositions(m - size):
+                yield [size] + rest
+
+    trees = []
+    for sizes in compositions(n - 1):
+        for subtrees in itertools.product(*[_all_trees(size, levels - 1) for size in sizes]):
+            paths = []
+            for rank, sub in enumerate(subtrees):
+                paths += [[rank]] + [[rank] + path for path in sub]
+            trees.append(paths)
+    return trees
+
+
+def _expected(paths, acceptance):
+    return 1.0 + sum(math.prod(acceptance[r] for r in path) for path in paths)
+
+
+def test_sequoia_dynamic_programme_matches_brute_force():
+    acceptance = [0.5, 0.2, 0.1]
+    value, paths = sequoia.best_trees(acceptance, 7, 4)
+    for n in range(1, 8):
+        for levels in range(1, 5):
+            feasible = [t for t in _all_trees(n, levels) if all(r < 3 for path in t for r in path)]
+            if not feasible:
+                assert value[n, levels] == float("-inf")
+                continue
+            best = max(_expected(t, acceptance) for t in feasible)
+            assert value[n, levels] == pytest.approx(best, abs=1e-12)
+            assert _expected(paths(n, levels), acceptance) == pytest.approx(best, abs=1e-12)
+            assert len(paths(n, levels)) == n - 1
+
+
+def test_hardware_aware_choice_trades_tokens_for_time():
+    acceptance = [0.6, 0.2, 0.1, 0.05]
+    largest = sequoia.choose(acceptance, 20, 6)
+    assert largest["nodes"] == 20
+    # every extra verified token costs a tenth of a one-token forward: stay small
+    timings = {"target_s": {1: 1.0, 64: 7.3}, "head_step_s": 0.2}
+    small = sequoia.choose(acceptance, 20, 6, timings)
+    largest_rate = largest["expected_tokens"] / (sequoia._target_seconds(timings, 21) + largest["depth"] * 0.2)
+    assert small["nodes"] < 20 and small["score"] > largest_rate
+
+
+def test_measured_acceptance_comes_from_the_walks(tiny):
+    target, draft_head = tiny
+    decoder = engine.Decoder(target, draft_head, sequoia.measuring_tree(3, 2))
+    acceptance, visits = sequoia.measure_acceptance(decoder, [PROMPT, PROMPT[:3]], 12, 1.0)
+    assert len(acceptance) == 3 and visits > 0 and sum(acceptance) <= 1.0 + 1e-12
