@@ -171,3 +171,14 @@ def test_a_killed_run_resumes_without_lost_or_duplicate_questions(tmp_path):
     rows = bench.read_rows(answer_file)
     assert [r["question_id"] for r in rows] == [81, 82, 83, 84, 85]
     assert [r["answer_id"] for r in rows[: len(interrupted)]] == [r["answer_id"] for r in interrupted]
+
+
+def test_goals_compare_dynamic_trees_with_the_static_default():
+    def entry(label, speed):
+        return {"label": label, "categories": {"all": {"tokens_per_s": speed}}}
+
+    lines = suite.goals([entry("eagle[eagle_default]", 30.0), entry("eagle[eagle2:total_tokens=16]", 37.5),
+                         entry("eagle[sequoia_cpu]", 40.0), entry("hf_generate", 20.0)], 0.0)
+    assert lines[0].startswith("EAGLE [sequoia_cpu] / hf_generate") and lines[0].endswith("2.00x (goal >= 2.5x: not met)")
+    assert lines[1] == "eagle[eagle2:total_tokens=16] / eagle[eagle_default] at T=0: 1.25x (goal >= 1.2x: met)"
+    assert len(lines) == 2
