@@ -250,6 +250,19 @@ def cmd_sequoia(args) -> None:
           f"{', '.join(f'{a:.3f}' for a in record['acceptance'])} ({record['visits']} nodes)")
 
 
+def cmd_study(args) -> None:
+    from . import study
+
+    if args.stage in ("collect", "all"):
+        files = study.collect(Path(args.run), args.positions, args.max_new_tokens, args.dtype)
+        print(f"{len(files)} tasks collected in {args.run}")
+    if args.stage in ("analyse", "all"):
+        if args.temperature < 0:
+            raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
+        md = study.analyse(Path(args.run), Path(args.out), args.temperature, args.n, args.draws, args.sweep_positions)
+        print(md.read_text())
+
+
 def cmd_sweep(args) -> None:
     from . import suite
 
@@ -415,6 +428,18 @@ def build_parser() -> argparse.ArgumentParser:
     seq.add_argument("--dtype", default="bfloat16")
     seq.add_argument("--device", default="cpu")
     seq.set_defaults(fn=cmd_sequoia)
+    st = sub.add_parser("study", help="acceptance of every verifier against alpha* on real p and q (resumable)")
+    st.add_argument("stage", choices=["collect", "analyse", "all"])
+    st.add_argument("--run", default="runs/study", help="folder for the collected logits and cached rates")
+    st.add_argument("--positions", type=int, default=1024, help="answer positions per task")
+    st.add_argument("--max-new-tokens", type=int, default=128)
+    st.add_argument("--dtype", default="bfloat16")
+    st.add_argument("--temperature", type=float, default=0.7)
+    st.add_argument("--n", type=int, default=3, help="drafts per node for the table")
+    st.add_argument("--draws", type=int, default=8, help="sampled draft tuples per position")
+    st.add_argument("--sweep-positions", type=int, default=96, help="positions per task in the sweeps")
+    st.add_argument("--out", default="evaluation/results")
+    st.set_defaults(fn=cmd_study)
     bench = sub.add_parser("bench-core", help="time one node's drafting/verification and alpha* on this machine")
     bench.add_argument("--out", default="evaluation/results", help="results folder")
     bench.add_argument("--max-drafts", type=int, default=8, help="largest n timed (default 8)")
