@@ -259,7 +259,8 @@ def cmd_study(args) -> None:
     if args.stage in ("analyse", "all"):
         if args.temperature < 0:
             raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
-        md = study.analyse(Path(args.run), Path(args.out), args.temperature, args.n, args.draws, args.sweep_positions)
+        md = study.analyse(Path(args.run), Path(args.out), args.temperature, args.n, args.draws, args.sweep_positions,
+                           table_positions=args.table_positions)
         print(md.read_text())
 
 
@@ -438,6 +439,8 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--n", type=int, default=3, help="drafts per node for the table")
     st.add_argument("--draws", type=int, default=8, help="sampled draft tuples per position")
     st.add_argument("--sweep-positions", type=int, default=96, help="positions per task in the sweeps")
+    st.add_argument("--table-positions", type=int, default=None,
+                    help="positions per task in the table (default: all collected)")
     st.add_argument("--out", default="evaluation/results")
     st.set_defaults(fn=cmd_study)
     bench = sub.add_parser("bench-core", help="time one node's drafting/verification and alpha* on this machine")

@@ -185,7 +185,7 @@ def _cached_rates(run: Path, task: str, draft: str, temperature: float, n: int, 
 
 def analyse(run: Path, out_dir: Path, temperature: float = 0.7, n: int = 3, draws: int = 8,
             sweep_positions: int = 96, sweep_temperatures=(0.0, 0.2, 0.4, 0.7, 1.0, 1.2),
-            sweep_drafts=tuple(range(1, 9)), tasks=TASKS) -> Path:
+            sweep_drafts=tuple(range(1, 9)), tasks=TASKS, table_positions: int | None = None) -> Path:
     """The table (every task and draft) and the two sweeps (pooled over tasks), into out_dir."""
     run, out_dir = Path(run), Path(out_dir)
     missing = [t for t in tasks if not (run / f"{t}.pt").exists()]
@@ -195,7 +195,7 @@ def analyse(run: Path, out_dir: Path, temperature: float = 0.7, n: int = 3, draw
     table = {}
     for task in tqdm(tasks, desc=f"table T={temperature:g} n={n}"):
         for draft in DRAFTS:
-            table[task, draft] = summarise(_cached_rates(run, task, draft, temperature, n, None, draws))
+            table[task, draft] = summarise(_cached_rates(run, task, draft, temperature, n, table_positions, draws))
     sweeps = {"temperature": {}, "drafts": {}}
     settings = [("temperature", t, t, n) for t in sweep_temperatures] + [("drafts", k, temperature, k)
                                                                          for k in sweep_drafts]
@@ -209,7 +209,7 @@ def analyse(run: Path, out_dir: Path, temperature: float = 0.7, n: int = 3, draw
     date = datetime.date.today().isoformat()
     result = {"date": date, "machine": machine(), "temperature": temperature, "n": n, "draws": draws,
               "epsilon": EPSILON, "positions": {t: len(torch.load(run / f"{t}.pt", weights_only=True)["p"])
-                                                for t in tasks},
+                                                for t in tasks}, "table_positions": table_positions,
               "table": {f"{task}:{draft}": value for (task, draft), value in table.items()}, "sweeps": sweeps,
               "sweep_positions": sweep_positions}
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -230,8 +230,9 @@ def markdown(result: dict, stem: str, tasks=TASKS) -> str:
     m = result["machine"]
     lines = [f"# Acceptance study, {result['date']}", "",
              f"Machine: {m['cpu']}, torch {m['torch']}. Target: the embedded SmolLM2-135M-Instruct (bf16), its own "
-             f"greedy answers to Spec-Bench first turns; positions per task: "
-             f"{', '.join(f'{t} {c}' for t, c in result['positions'].items())}. Drafts: `eagle` (the shipped head, "
+             f"greedy answers to Spec-Bench first turns; positions collected per task: "
+             f"{', '.join(f'{t} {c}' for t, c in result['positions'].items())}; the table uses the first "
+             f"{result.get('table_positions') or 'all'} of each. Drafts: `eagle` (the shipped head, "
              f"teacher-forced) and `truncated` (the target's first third of layers + final norm + lm_head). "
              f"T = {result['temperature']:g} for p and q, n = {result['n']} drafts (SpecHub: 2). Verifier rates: "
              f"mean over positions of the exact accepted mass of the plan for {result['draws']} sampled draft tuples "
