@@ -140,8 +140,6 @@ def choose(acceptance: list[float], max_nodes: int, max_depth: int, timings: dic
     value, paths = best_trees(acceptance, max_nodes + 1, max_depth + 1)
     best = None
     for (n, d), expected in value.items():
-        if n > max_nodes + 1 or d > max_depth + 1:
-            continue
         if timings is None:
             score, seconds = expected, None
         else:  # one target forward over the tree, a head step per internal depth, the walk
