@@ -3,10 +3,10 @@
 EAGLE-2 (Li et al. 2024): expand the tree depth by depth; at each depth the
 `top_k` candidates with the highest path score (the product of the head's
 probabilities along the path, kept as a sum of logs) are expanded into their
-`top_k` most probable children; after `depth` levels every candidate is
-ranked by path score and the best `nodes` become the tree the target checks.
-A child's score never exceeds its parent's, so the chosen set always holds
-its ancestors, and the chosen children of a node are its most probable ones.
+`top_k` children; after `depth` levels every candidate is ranked by path
+score and the best `nodes` become the tree the target checks.  A child's
+score never exceeds its parent's, so the chosen set always holds its
+ancestors.
 
 OPT-Tree (Wang et al. 2024) asks for the tree that maximises the expected
 accepted length sum_v prod_{path} q under a node budget: the top-`nodes`
@@ -14,9 +14,25 @@ candidates by path score are that tree for the candidates grown so far, and
 growing stops once a depth's expanded candidates carry less expected length
 (the sum of their path probabilities) than `threshold`, or at `max_depth`.
 
-Both draft each node's children deterministically (the top tokens of q), so
-they pair with the `topk` verifier at every temperature: the target's token
-is drawn from p and accepted when it is a child, whatever the tree looks like.
+Children are drawn per expanded node by any drafting scheme: `topk` (the
+most probable tokens, deterministic; EAGLE-2's and OPT-Tree's choice, with
+the `topk` verifier) or a sampled one such as `greedy` (Top-(k-1) plus one
+draw from the rest).  A child's score is its log-probability under q; the
+greedy scheme's sampled child stands for all the mass outside the top k-1
+and scores log of that mass, whatever token it drew.
+
+Why verification stays exact with sampled children: the verifier at a node
+sees the node's whole draft tuple (as drawn, pruned children included), so
+its output token is distributed as p there whatever the selection kept;
+a kept child only lets the walk go on when the output equals it.  What must
+not happen is that reaching a node depends on the node's own draws.  Scores
+never grow along a path and ties go to the shallower candidate, so no
+descendant of a node ranks above it, and (by induction over depths) every
+candidate that does rank above it was grown whatever the node drew: whether
+a node is kept never depends on its subtree.  EAGLE-2 grows a fixed number
+of levels, so this holds; OPT-Tree's stopping rule sums the scores of drawn
+children, so a node's draws could decide whether deeper, better candidates
+exist and push it out: OPT-Tree takes deterministic children only.
 """
 
 from __future__ import annotations
@@ -27,7 +43,7 @@ from dataclasses import dataclass
 import torch
 
 from . import tree as static_trees
-from .drafting import top_tokens
+from . import drafting, verification
 
 NAMES = ("eagle2", "opt_tree")
 
@@ -92,28 +108,47 @@ def make(name: str, nodes: int, max_depth: int, top_k: int, threshold: float = 0
     return DynamicTree(name, nodes, max_depth, top_k, threshold)
 
 
-def check_pair(drafter: str, verifier: str) -> None:
-    if (drafter, verifier) != ("topk", "topk"):
-        raise ValueError(f"dynamic trees draft the most probable children deterministically: use --drafter topk "
-                         f"--verifier topk (got {drafter}/{verifier})")
+def check_pair(spec: DynamicTree, drafter: str, verifier: str) -> None:
+    """One-line error unless the drafter/verifier pair stays exact in this dynamic tree."""
+    verification.check_pair(drafter, verifier)
+    scheme = drafting.get(drafter)
+    if spec.name == "opt_tree" and scheme.name != "topk":
+        raise ValueError(f"opt_tree stops growing by the scores of drawn children, which is exact only for "
+                         f"deterministic ones: use --drafter topk --verifier topk, or --tree eagle2 for "
+                         f"{scheme.name} children")
+    if scheme.name == "spechub" and spec.top_k != 2:
+        raise ValueError(f"spechub draws 2 children per node: use --top-k 2 with it (got {spec.top_k})")
+
+
+def draw_children(q: torch.Tensor, k: int, scheme, generator=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's k drafts [F, k] and their scores [F, k] (log q; -inf for a repeated draft, never kept)."""
+    scheme = drafting.get(scheme)
+    drafts = scheme.sample_batch(q, min(k, q.shape[-1]) if scheme.name == "topk" else k, generator)
+    probs = q.gather(-1, drafts)
+    if scheme.name == "greedy":  # the sampled child stands for all the mass outside the top k-1
+        probs[:, -1] = (1.0 - probs[:, :-1].sum(-1)).clamp_min(0.0)
+    repeated = (drafts.unsqueeze(-1) == drafts.unsqueeze(-2)).tril(-1).any(-1)
+    return drafts, probs.clamp_min(1e-30).log().masked_fill(repeated, -math.inf)
 
 
 class Candidates:
     """The grown candidate tree: parallel lists, index 0 the root."""
 
     def __init__(self, root: int):
-        self.token, self.parent, self.depth, self.rank, self.score = [root], [-1], [0], [0], [0.0]
+        self.token, self.parent, self.depth, self.score = [root], [-1], [0], [0.0]
         self.path: list[tuple[int, ...]] = [()]
 
-    def add(self, parent: int, tokens: list[int], log_probs: list[float]) -> list[int]:
+    def add(self, parent: int, tokens: list[int], scores: list[float]) -> list[int]:
+        """Children of `parent` in draft order; repeated drafts (score -inf) are left out."""
         first = len(self.token)
-        for rank, (token, log_prob) in enumerate(zip(tokens, log_probs)):
+        for token, score in zip(tokens, scores):
+            if score == -math.inf:
+                continue
+            self.path.append(self.path[parent] + (len(self.token) - first,))
             self.token.append(token)
             self.parent.append(parent)
             self.depth.append(self.depth[parent] + 1)
-            self.rank.append(rank)
-            self.score.append(self.score[parent] + log_prob)
-            self.path.append(self.path[parent] + (rank,))
+            self.score.append(self.score[parent] + score)
         return list(range(first, len(self.token)))
 
     def best(self, among: list[int], count: int) -> list[int]:
@@ -127,32 +162,42 @@ class Candidates:
 
 
 def select(candidates: Candidates, nodes: int) -> tuple[static_trees.Tree, list[int]]:
-    """The tree of the best `nodes` candidates, and the candidate behind each tree node (root first)."""
-    chosen = candidates.best(list(range(1, len(candidates.token))), nodes)
-    tree = static_trees.compile_tree([list(candidates.path[c]) for c in chosen], "dynamic")
-    by_path = {candidates.path[c]: c for c in chosen}
-    return tree, [0] + [by_path[path] for path in tree.paths]
+    """The tree of the best `nodes` candidates, and the candidate behind each tree node (root first).
+
+    The kept children of a node need not be its first drafts (a sampled child can outscore a top
+    one), so siblings are renumbered 0, 1, ... in draft order.
+    """
+    chosen = sorted(candidates.best(list(range(1, len(candidates.token))), nodes),
+                    key=lambda c: (candidates.depth[c], c))  # parents first, siblings in draft order
+    path, kids = {0: ()}, {}
+    for c in chosen:
+        parent = candidates.parent[c]
+        path[c] = path[parent] + (kids.get(parent, 0),)
+        kids[parent] = kids.get(parent, 0) + 1
+    tree = static_trees.compile_tree([list(path[c]) for c in chosen], "dynamic")
+    by_path = {path[c]: c for c in chosen}
+    return tree, [0] + [by_path[p] for p in tree.paths]
 
 
-def grow(spec: DynamicTree, root: int, root_q: torch.Tensor, expand) -> tuple[Candidates, dict[int, torch.Tensor]]:
+def grow(spec: DynamicTree, root: int, root_q: torch.Tensor, expand, scheme="topk", generator=None):
     """Grow the candidates; expand(frontier, candidates) -> q rows [F, V] of the frontier's children.
 
-    Returns the candidates and q of every expanded candidate.
+    Returns the candidates, q of every expanded candidate and its full draft tuple (for the verifier).
     """
     candidates = Candidates(root)
-    expanded = {0: root_q}
+    expanded, drafted = {0: root_q}, {}
     frontier, q = [0], root_q[None]
     for depth in range(spec.max_depth):
         if depth > 0:
             q = expand(frontier, candidates)
             expanded.update(zip(frontier, q))
-        tops = top_tokens(q, min(spec.top_k, q.shape[-1]))
-        log_probs = q.gather(-1, tops).clamp_min(1e-30).log()
+        drafts, scores = draw_children(q, spec.top_k, scheme, generator)
         children = []
         for row, parent in enumerate(frontier):
-            children += candidates.add(parent, tops[row].tolist(), log_probs[row].tolist())
+            drafted[parent] = drafts[row]
+            children += candidates.add(parent, drafts[row].tolist(), scores[row].tolist())
         frontier = candidates.best(children, spec.top_k)
         gain = sum(math.exp(candidates.score[c]) for c in frontier)  # expected length they would add
         if spec.name == "opt_tree" and gain < spec.threshold:
             break
-    return candidates, expanded
+    return candidates, expanded, drafted

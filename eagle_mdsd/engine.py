@@ -205,7 +205,7 @@ class Decoder:
             bias = getattr(self.lm_head, "bias", None)
             self.draft_bias = None if bias is None else bias[rows].contiguous()
         if isinstance(tree, dynamic.DynamicTree):
-            dynamic.check_pair(self.scheme.name, self.verifier.name)
+            dynamic.check_pair(tree, self.scheme.name, self.verifier.name)
         elif tree is not None:
             check_drafter_fits(self.scheme, tree, self.lm_head.weight.shape[0])
             self.static_buffers = self._buffers(tree)
@@ -333,8 +333,11 @@ class Decoder:
                     node_tokens[list(tree.children[node])] = drafts[row]
         return node_tokens, draft_q
 
-    def _draft_dynamic(self, length, root, root_prediction, committed, temperature):
-        """Grow this cycle's tree from the head's probabilities (EAGLE-2, OPT-Tree): (tree, tokens, q)."""
+    def _draft_dynamic(self, length, root, root_prediction, committed, temperature, generator):
+        """Grow this cycle's tree from the head's probabilities (EAGLE-2, OPT-Tree).
+
+        Returns (tree, node tokens, q per internal node, the full draft tuple per internal node).
+        """
         device = self.lm_head.weight.device
         predicted = {0: root_prediction}
         head_slots = []  # candidate held by each head cache entry after `committed`
@@ -352,11 +355,12 @@ class Decoder:
             return self._draft_distribution(outputs, temperature)
 
         root_q = self._draft_distribution(root_prediction[None], temperature)[0]
-        candidates, expanded = dynamic.grow(self.tree, root, root_q, expand)
+        candidates, expanded, drafted = dynamic.grow(self.tree, root, root_q, expand, self.scheme, generator)
         tree, chosen = dynamic.select(candidates, self.tree.nodes)
         node_tokens = torch.tensor([candidates.token[c] for c in chosen], device=device)
-        draft_q = {node: expanded[c] for node, c in enumerate(chosen) if tree.children[node]}
-        return tree, node_tokens, draft_q
+        internal = [(node, c) for node, c in enumerate(chosen) if tree.children[node]]
+        draft_q, node_drafts = {node: expanded[c] for node, c in internal}, {node: drafted[c] for node, c in internal}
+        return tree, node_tokens, draft_q, node_drafts
 
     def _cycle(self, length, root, pending, temperature, generator):
         device = self.lm_head.weight.device
@@ -372,12 +376,14 @@ class Decoder:
         committed += k
         # 2. draft the tree (the head's tree entries are dropped afterwards).
         if isinstance(self.tree, dynamic.DynamicTree):
-            tree, node_tokens, draft_q = self._draft_dynamic(length, root, root_prediction, committed, temperature)
+            tree, node_tokens, draft_q, node_drafts = self._draft_dynamic(length, root, root_prediction, committed,
+                                                                          temperature, generator)
             tree_depth, tree_visible = self._buffers(tree)
         else:
             tree, (tree_depth, tree_visible) = self.tree, self.static_buffers
             node_tokens, draft_q = self._draft_static(length, root, root_prediction, committed, temperature,
                                                       generator)
+            node_drafts = {}
         keep(self.head_cache, committed, node_tokens[:0])
         self.timer.lap("draft")
         # 3. one target forward over the whole tree.
@@ -393,7 +399,8 @@ class Decoder:
                 bonus = self._sample(p, generator)
                 break
             drafts = node_tokens[list(kids)]
-            output = self.verifier.sample(p, draft_q[node], drafts, generator)
+            # a dynamic tree's verifier sees the node's whole draft tuple, pruned drafts included
+            output = self.verifier.sample(p, draft_q[node], node_drafts.get(node, drafts), generator)
             match = (drafts == output).nonzero()
             self.accepted_ranks.append(int(match[0]) if len(match) else -1)
             if len(match) == 0:

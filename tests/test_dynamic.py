@@ -41,10 +41,47 @@ def test_dynamic_trees_follow_the_target_exactly_at_temperature_one(tiny, spec):
     assert chi_square_p_value(empirical_first_three(decoder, 1.0), exact_first_three(target, 1.0)) > P_VALUE
 
 
-def test_dynamic_trees_take_the_topk_pair_only(tiny):
+# Sampled children in EAGLE-2 trees: small budgets, so sampled children are often pruned.
+SAMPLED = [("greedy", "greedy", "eagle2:total_tokens=5,depth=3,top_k=3"),
+           ("greedy", "topk", "eagle2:total_tokens=7,depth=3,top_k=2"),
+           ("without_replacement", "rrs_wo", "eagle2:total_tokens=5,depth=3,top_k=3"),
+           ("with_replacement", "rrs_w", "eagle2:total_tokens=5,depth=3,top_k=3"),
+           ("with_replacement", "kseq", "eagle2:total_tokens=6,depth=2,top_k=3"),
+           ("spechub", "spechub", "eagle2:total_tokens=6,depth=3,top_k=2")]
+
+
+@pytest.mark.parametrize("drafter, verifier, spec", SAMPLED, ids=[f"{d}-{v}" for d, v, _ in SAMPLED])
+def test_sampled_children_follow_the_target_exactly_at_temperature_one(tiny, drafter, verifier, spec):
     target, draft_head = tiny
-    with pytest.raises(ValueError, match="use --drafter topk --verifier topk"):
-        engine.Decoder(target, draft_head, dynamic.load("eagle2"), "with_replacement", "rrs_w")
+    decoder = engine.Decoder(target, draft_head, dynamic.load(spec), drafter, verifier)
+    assert chi_square_p_value(empirical_first_three(decoder, 1.0), exact_first_three(target, 1.0)) > P_VALUE
+
+
+def test_sampled_children_are_greedy_at_temperature_zero(tiny):
+    target, draft_head = tiny
+    reference = engine.Decoder(target).generate(PROMPT, 14, method="baseline").token_ids
+    decoder = engine.Decoder(target, draft_head, dynamic.load(SAMPLED[0][2]), "greedy", "greedy")
+    assert decoder.generate(PROMPT, 14, 0.0).token_ids == reference
+
+
+def test_the_test_catches_a_verifier_that_sees_only_the_kept_children(tiny, monkeypatch):
+    # The wrong rule: verify the pruned tuple, as if the kept children were all that was drawn.
+    target, draft_head = tiny
+    decoder = engine.Decoder(target, draft_head, dynamic.load(SAMPLED[0][2]), "greedy", "greedy")
+    draft = decoder._draft_dynamic
+    monkeypatch.setattr(decoder, "_draft_dynamic", lambda *args: draft(*args)[:3] + ({},))
+    assert chi_square_p_value(empirical_first_three(decoder, 1.0, 4000), exact_first_three(target, 1.0)) < P_VALUE
+
+
+@pytest.mark.parametrize("spec, drafter, verifier, message", [
+    ("opt_tree", "greedy", "greedy", "opt_tree stops growing by the scores of drawn children"),
+    ("eagle2:top_k=3", "spechub", "spechub", "spechub draws 2 children per node"),
+    ("eagle2", "with_replacement", "rrs_wo", "not lossless for 'with_replacement'"),
+])
+def test_dynamic_trees_refuse_pairs_that_would_not_be_exact(tiny, spec, drafter, verifier, message):
+    target, draft_head = tiny
+    with pytest.raises(ValueError, match=message):
+        engine.Decoder(target, draft_head, dynamic.load(spec), drafter, verifier)
 
 
 @pytest.mark.parametrize("spec, message", [
@@ -72,7 +109,7 @@ def _grown(seed: int, spec: dynamic.DynamicTree, vocab: int = 6):
 @pytest.mark.parametrize("seed", range(6))
 def test_the_chosen_tree_maximises_expected_length_among_the_candidates(seed):
     spec = dynamic.make("eagle2", 4, 3, 2)
-    candidates, expanded = _grown(seed, spec)
+    candidates, expanded, _ = _grown(seed, spec)
     tree, chosen = dynamic.select(candidates, spec.nodes)
     probability = [math.exp(s) for s in candidates.score]
     best = 0.0
@@ -80,7 +117,7 @@ def test_the_chosen_tree_maximises_expected_length_among_the_candidates(seed):
         if all(candidates.parent[c] == 0 or candidates.parent[c] in subset for c in subset):
             best = max(best, sum(probability[c] for c in subset))
     assert sum(probability[c] for c in chosen[1:]) == pytest.approx(best, abs=1e-12)
-    for node, kids in enumerate(tree.children):  # children: the parent's most probable tokens, in order
+    for node, kids in enumerate(tree.children):  # topk children: the parent's most probable tokens, in order
         if kids:
             q = expanded[chosen[node]]
             tokens = [candidates.token[chosen[k]] for k in kids]
