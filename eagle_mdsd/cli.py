@@ -389,8 +389,9 @@ def build_parser() -> argparse.ArgumentParser:
     suite_parser.add_argument("--device", default="cpu")
     suite_parser.add_argument("--max-new-tokens", type=int, default=128)
     suite_parser.add_argument("--trees", nargs="+", default=["eagle_default"],
-                              help="EAGLE runs once per tree (dynamic ones with options, "
-                                   "e.g. eagle_default eagle2:total_tokens=16,depth=5,top_k=4)")
+                              help="EAGLE runs once per tree (dynamic ones with options, and optionally the "
+                                   "tree's own drafter/verifier pair, e.g. eagle_default "
+                                   "eagle2:total_tokens=16,depth=5,top_k=4@greedy/greedy)")
     suite_parser.add_argument("--drafter", default="topk")
     suite_parser.add_argument("--verifier", default="topk")
     suite_parser.add_argument("--seed", type=int, default=0)

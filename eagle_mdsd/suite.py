@@ -50,6 +50,18 @@ def tree_label(topology) -> str:
     return topology.label if isinstance(topology, dynamic.DynamicTree) else topology.name
 
 
+def tree_and_pair(entry: str, drafter: str, verifier: str) -> tuple[str, str, str]:
+    """'TREE' or 'TREE@DRAFTER/VERIFIER' (a pair for this tree only) -> (tree, drafter, verifier)."""
+    spec, at, pair = entry.partition("@")
+    if not at:
+        return spec, drafter, verifier
+    own_drafter, slash, own_verifier = pair.partition("/")
+    if not slash or not own_drafter or not own_verifier:
+        raise ValueError(f"tree {entry!r}: write a tree's own pair as TREE@DRAFTER/VERIFIER, "
+                         f"e.g. eagle2@greedy/greedy")
+    return spec, own_drafter, own_verifier
+
+
 def _file_safe(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)
 
@@ -82,9 +94,13 @@ def run_benchmark(out: Path, answers: Path, bench_name: str = "mt_bench", count:
     for method in methods:
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}: use one of {', '.join(METHODS)}")
-    topologies = [dynamic.load(spec) for spec in trees]
-    for topology in topologies:
-        check_fits(topology, drafter, verifier)
+    setups = []  # (label, topology, drafter, verifier) per tree
+    for entry in trees:
+        spec, own_drafter, own_verifier = tree_and_pair(entry, drafter, verifier)
+        topology = dynamic.load(spec)
+        check_fits(topology, own_drafter, own_verifier)
+        own = "" if (own_drafter, own_verifier) == (drafter, verifier) else f"@{own_drafter}/{own_verifier}"
+        setups.append((tree_label(topology) + own, topology, own_drafter, own_verifier))
     chosen = spread(questions.load(bench_name), count)
     target, tokenizer = models.load_target(None, models.parse_dtype(dtype), device)
     draft_head = head.load_head(models.DEFAULT_HEAD, target) if "eagle" in methods else None
@@ -93,10 +109,10 @@ def run_benchmark(out: Path, answers: Path, bench_name: str = "mt_bench", count:
         if method != "eagle":
             runners[method] = (method, make_runner(method, target, tokenizer))
             continue
-        for topology in topologies:
-            label = "eagle" if len(topologies) == 1 else f"eagle[{tree_label(topology)}]"
-            runners[label] = (method, make_runner(method, target, tokenizer, draft_head, topology, drafter, verifier,
-                                                  draft_vocab))
+        for tree_name, topology, own_drafter, own_verifier in setups:
+            label = "eagle" if len(setups) == 1 else f"eagle[{tree_name}]"
+            runners[label] = (method, make_runner(method, target, tokenizer, draft_head, topology, own_drafter,
+                                                  own_verifier, draft_vocab))
     date = datetime.date.today().isoformat()
     name = name or f"benchmark_{date}_{dtype}"
     files = {(t, label): Path(answers) / name / _file_safe(
@@ -114,7 +130,7 @@ def run_benchmark(out: Path, answers: Path, bench_name: str = "mt_bench", count:
     result = {"name": name, "date": date, "machine": machine(), "bench": bench_name,
               "questions": [q["question_id"] for q in chosen],
               "dtype": dtype, "device": device, "max_new_tokens": max_new_tokens,
-              "trees": [tree_label(t) for t in topologies],
+              "trees": [setup[0] for setup in setups],
               "drafter": drafter, "verifier": verifier,
               "draft_vocab": engine.resolve_draft_vocab(draft_head, draft_vocab), "temperatures": {}}
     out = Path(out)
@@ -162,7 +178,8 @@ def benchmark_markdown(result: dict, stem: str) -> str:
              f"Questions: {result['bench']} {', '.join(map(str, result['questions']))} (both turns), "
              f"at most {result['max_new_tokens']} new tokens per turn; EAGLE: shipped head, tree(s) "
              f"{', '.join(result['trees'])}, "
-             f"drafter {result['drafter']}, verifier {result['verifier']}, draft vocabulary "
+             f"drafter {result['drafter']}, verifier {result['verifier']} (TREE@D/V: that tree's own pair), "
+             f"draft vocabulary "
              f"{result.get('draft_vocab') or 'full'}. Methods ran question by question in turn "
              f"in one process. Speedup = tokens/s over `baseline` (plain autoregressive decoding in the same loop) "
              f"on the same questions; tau = new tokens / target forward passes after the prefill.", ""]

@@ -182,3 +182,13 @@ def test_goals_compare_dynamic_trees_with_the_static_default():
     assert lines[0].startswith("EAGLE [sequoia_cpu] / hf_generate") and lines[0].endswith("2.00x (goal >= 2.5x: not met)")
     assert lines[1] == "eagle[eagle2:total_tokens=16] / eagle[eagle_default] at T=0: 1.25x (goal >= 1.2x: met)"
     assert len(lines) == 2
+
+
+def test_a_tree_can_carry_its_own_drafter_and_verifier():
+    assert suite.tree_and_pair("eagle_default", "topk", "topk") == ("eagle_default", "topk", "topk")
+    assert suite.tree_and_pair("eagle2:top_k=3@greedy/greedy", "topk", "topk") == ("eagle2:top_k=3", "greedy", "greedy")
+    with pytest.raises(ValueError, match="TREE@DRAFTER/VERIFIER"):
+        suite.tree_and_pair("eagle2@greedy", "topk", "topk")
+    lines = suite.goals([{"label": label, "categories": {"all": {"tokens_per_s": speed}}} for label, speed in
+                         (("eagle[eagle_default]", 20.0), ("eagle[eagle2:top_k=3@greedy/greedy]", 25.0))], 1.0)
+    assert lines == ["eagle[eagle2:top_k=3@greedy/greedy] / eagle[eagle_default] at T=1: 1.25x (goal >= 1.2x: met)"]
