@@ -136,10 +136,13 @@ def _quadrature_terms(q_scan: np.ndarray, n: int, chunk: int) -> np.ndarray:
                 log_terms[:, 0] = -math.inf
             log_prev = torch.logcumsumexp(log_terms, dim=1)
             scaled.append(torch.nn.functional.pad(torch.exp(log_prev), (1, 0)))
+        grouped = {}  # terms sharing (j, first) share one product with scaled[j]
         for subset, j, rate, first in terms:
             coef = w * torch.exp(-t.squeeze(1) * rate)
             if subset:
                 coef = coef * arrived[:, subset].prod(1)
+            grouped[j, first] = grouped[j, first] + coef if (j, first) in grouped else coef
+        for (j, first), coef in grouped.items():
             total[first:] += (coef @ scaled[j])[first:]
     return total.numpy()
 
