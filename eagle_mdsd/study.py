@@ -226,13 +226,17 @@ ROWS = [("rrs_w", "RRS with replacement"), ("kseq", "K-SEQ"), ("alpha*:with_repl
         ("spechub", "SpecHub (n = 2)"), ("alpha*:spechub", "alpha* SpecHub drafting (n = 2)")]
 
 
+def _used(limit: int | None) -> str:
+    return "all of them" if limit is None else f"the first {limit} of each task"
+
+
 def markdown(result: dict, stem: str, tasks=TASKS) -> str:
     m = result["machine"]
     lines = [f"# Acceptance study, {result['date']}", "",
              f"Machine: {m['cpu']}, torch {m['torch']}. Target: the embedded SmolLM2-135M-Instruct (bf16), its own "
              f"greedy answers to Spec-Bench first turns; positions collected per task: "
-             f"{', '.join(f'{t} {c}' for t, c in result['positions'].items())}; the table uses the first "
-             f"{result.get('table_positions') or 'all'} of each. Drafts: `eagle` (the shipped head, "
+             f"{', '.join(f'{t} {c}' for t, c in result['positions'].items())}; the table uses "
+             f"{_used(result.get('table_positions'))}. Drafts: `eagle` (the shipped head, "
              f"teacher-forced) and `truncated` (the target's first third of layers + final norm + lm_head). "
              f"T = {result['temperature']:g} for p and q, n = {result['n']} drafts (SpecHub: 2). Verifier rates: "
              f"mean over positions of the exact accepted mass of the plan for {result['draws']} sampled draft tuples "
