@@ -439,7 +439,7 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--temperature", type=float, default=0.7)
     st.add_argument("--n", type=int, default=3, help="drafts per node for the table")
     st.add_argument("--draws", type=int, default=8, help="sampled draft tuples per position")
-    st.add_argument("--sweep-positions", type=int, default=96, help="positions per task in the sweeps")
+    st.add_argument("--sweep-positions", type=int, default=48, help="positions per task in the sweeps")
     st.add_argument("--table-positions", type=int, default=None,
                     help="positions per task in the table (default: all collected)")
     st.add_argument("--out", default="evaluation/results")

@@ -184,7 +184,7 @@ def _cached_rates(run: Path, task: str, draft: str, temperature: float, n: int, 
 
 
 def analyse(run: Path, out_dir: Path, temperature: float = 0.7, n: int = 3, draws: int = 8,
-            sweep_positions: int = 96, sweep_temperatures=(0.0, 0.2, 0.4, 0.7, 1.0, 1.2),
+            sweep_positions: int = 48, sweep_temperatures=(0.0, 0.2, 0.4, 0.7, 1.0, 1.2),
             sweep_drafts=tuple(range(1, 9)), tasks=TASKS, table_positions: int | None = None) -> Path:
     """The table (every task and draft) and the two sweeps (pooled over tasks), into out_dir."""
     run, out_dir = Path(run), Path(out_dir)
