@@ -204,7 +204,10 @@ def cmd_report(args) -> None:
     from . import report
 
     baseline = Path(args.baseline) if args.baseline else None
-    md, png = report.write([Path(f) for f in args.answer_files], Path(args.out), baseline, args.title)
+    labels = args.labels.split(",") if args.labels else None
+    if labels and len(labels) != len(args.answer_files):
+        raise ValueError(f"--labels names {len(labels)} rows for {len(args.answer_files)} answer files: give one each")
+    md, png = report.write([Path(f) for f in args.answer_files], Path(args.out), baseline, args.title, labels)
     print(md.read_text())
     print(f"wrote {md} and {png}")
 
@@ -378,6 +381,8 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--baseline", default=None, help="answer file of the baseline the speedups are against")
     rep.add_argument("--out", default="evaluation/results/report", help="writes OUT.md and OUT.png")
     rep.add_argument("--title", default="")
+    rep.add_argument("--labels", default=None, help="comma-separated row names, one per answer file "
+                                                     "(default: each file's model_id)")
     rep.set_defaults(fn=cmd_report)
     suite_parser = sub.add_parser("benchmark", help="the embedded-default MT-Bench benchmark: every method, report")
     suite_parser.add_argument("--bench", default="mt_bench")

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from eagle_mdsd import bench, engine, head, models, peers, questions, report, suite, tree
+from eagle_mdsd import bench, cli, engine, head, models, peers, questions, report, suite, tree
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +101,9 @@ def test_report_recomputes_from_the_files(tmp_path):
     assert png.read_bytes()[:4] == b"\x89PNG"
     with pytest.raises(ValueError, match="missing or empty"):
         report.compare([tmp_path / "none.jsonl"])
+    assert cli.main(["report", str(fast), str(slow), "--labels", "a,b", "--out", str(tmp_path / "cli")]) == 0
+    assert "| a | 2 | 60 |" in (tmp_path / "cli.md").read_text()
+    assert cli.main(["report", str(fast), str(slow), "--labels", "a", "--out", str(tmp_path / "cli")]) == 2
 
 
 def test_shards_answer_disjoint_questions_and_merge_sorted(tmp_path, small_chat_model):
