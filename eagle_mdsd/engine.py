@@ -205,7 +205,7 @@ class Decoder:
             bias = getattr(self.lm_head, "bias", None)
             self.draft_bias = None if bias is None else bias[rows].contiguous()
         if isinstance(tree, dynamic.DynamicTree):
-            dynamic.check_pair(tree, self.scheme.name, self.verifier.name)
+            dynamic.check_pair(tree, self.scheme.name)
         elif tree is not None:
             check_drafter_fits(self.scheme, tree, self.lm_head.weight.shape[0])
             self.static_buffers = self._buffers(tree)

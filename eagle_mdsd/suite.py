@@ -41,7 +41,7 @@ def check_fits(topology, drafter: str, verifier: str) -> None:
     """One-line error unless the pair is lossless and can fill the tree (static or dynamic)."""
     verification.check_pair(drafter, verifier)
     if isinstance(topology, dynamic.DynamicTree):
-        dynamic.check_pair(topology, drafter, verifier)
+        dynamic.check_pair(topology, drafter)
     else:
         engine.check_drafter_fits(drafter, topology)
 
