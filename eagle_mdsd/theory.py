@@ -141,7 +141,7 @@ def _quadrature_terms(q_scan: np.ndarray, n: int, chunk: int) -> np.ndarray:
             coef = w * torch.exp(-t.squeeze(1) * rate)
             if subset:
                 coef = coef * arrived[:, subset].prod(1)
-            grouped[j, first] = grouped[j, first] + coef if (j, first) in grouped else coef
+            grouped[j, first] = grouped.get((j, first), 0.0) + coef
         for (j, first), coef in grouped.items():
             total[first:] += (coef @ scaled[j])[first:]
     return total.numpy()
