@@ -159,7 +159,7 @@ def cmd_train_head(args) -> None:
         print(f"{len(shards)} data shards in {out / 'data'}")
     if args.stage in ("train", "all"):
         state = training.train(out, args.base_model, args.epochs, args.lr, args.tokens_per_batch,
-                               max_minutes=args.max_minutes, device=args.device)
+                               max_minutes=args.max_minutes, seed=args.seed, device=args.device)
         recent = state["log"][-20:]
         if recent:
             print(f"step {state['step']}: loss {sum(r['loss'] for r in recent) / len(recent):.4f}, "
@@ -353,6 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--tokens-per-batch", type=int, default=4096)
     train.add_argument("--max-minutes", type=float, default=None, help="stop (resumably) after this long")
     train.add_argument("--device", default="cpu")
+    train.add_argument("--seed", type=int, default=0, help="train stage: the head's initialisation and batch order")
     train.add_argument("--export-to", default=None, help="export folder (default RUN/head)")
     train.add_argument("--eagle1-format", action="store_true", help="export pytorch_model.bin with the embedding copy")
     train.set_defaults(fn=cmd_train_head)

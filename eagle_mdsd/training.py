@@ -241,19 +241,25 @@ def train(out_dir: Path, base_model=None, epochs: float = 1.0, lr: float = 5e-4,
     draft_head = head_module.random_head(target, seed).float().train()
     optimizer = torch.optim.AdamW(draft_head.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     checkpoint = out_dir / "checkpoint.pt"
-    state = {"step": 0, "epoch": 0, "batch_in_epoch": 0, "log": []}
+    state = {"step": 0, "epoch": 0, "batch_in_epoch": 0, "seed": seed, "log": []}
     if checkpoint.exists():
         saved = torch.load(checkpoint, weights_only=False)
+        if saved["state"].get("seed", 0) != seed:
+            raise ValueError(f"{checkpoint} was trained with seed {saved['state'].get('seed', 0)}, not {seed}: "
+                             f"pass --seed {saved['state'].get('seed', 0)} to resume it, or use another --run")
         draft_head.load_state_dict(saved["head"])
         optimizer.load_state_dict(saved["optimizer"])
         state = saved["state"]
+        if "rng" in saved:  # the feature noise continues as if never interrupted
+            torch.set_rng_state(saved["rng"])
     total_batches = sum(1 for _ in _batches(shards, tokens_per_batch, random.Random(seed)))
     total_steps = max(1, int(total_batches * epochs))
     deadline = time.monotonic() + 60 * max_minutes if max_minutes else None
 
     def save():
         staging = checkpoint.with_suffix(".tmp")
-        torch.save({"head": draft_head.state_dict(), "optimizer": optimizer.state_dict(), "state": state}, staging)
+        torch.save({"head": draft_head.state_dict(), "optimizer": optimizer.state_dict(), "state": state,
+                    "rng": torch.get_rng_state()}, staging)
         os.replace(staging, checkpoint)
 
     progress = tqdm(total=total_steps, initial=state["step"], desc="train head")

@@ -51,3 +51,59 @@ def test_a_few_training_steps_lower_the_loss():
 def test_missing_prompt_file_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         training.load_prompts([tmp_path / "nope.json"])
+
+
+def _tiny_run(folder, tokenizer, seed=0):
+    """A run folder with a tiny Llama (the embedded tokenizer) and one data shard of 6 samples."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128)
+    model = LlamaForCausalLM(config).eval()
+    model.save_pretrained(folder / "model")
+    tokenizer.save_pretrained(folder / "model")
+    samples = []
+    for length in (20, 24, 28, 18, 30, 22):
+        ids = torch.randint(len(tokenizer), (length,), dtype=torch.int32)
+        with torch.no_grad():
+            features = model.get_decoder()(ids[None].long()).last_hidden_state[0]
+        samples.append({"ids": ids, "start": 5, "features": features.to(torch.bfloat16)})
+    (folder / "data").mkdir(parents=True)
+    torch.save(samples, folder / "data" / "shard_00000.pt")
+    return str(folder / "model")
+
+
+def test_an_interrupted_training_run_resumes_to_the_same_head(tmp_path, monkeypatch):
+    from transformers import AutoTokenizer
+
+    from eagle_mdsd import models
+
+    models.load_target()  # makes sure the converted embedded model (and its tokenizer) exists
+    tokenizer = AutoTokenizer.from_pretrained(models.cache_dir() / "smollm2-135m-instruct")
+    settings = dict(epochs=3, lr=1e-2, tokens_per_batch=48, save_every=1, bf16=False)
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    state = training.train(whole, _tiny_run(whole, tokenizer), **settings)
+    steps = state["step"]
+    assert steps >= 6 and state["log"][-1]["loss"] < state["log"][0]["loss"]
+
+    model = _tiny_run(parts, tokenizer)
+    real_loss, calls = training.head_loss, []
+
+    def interrupted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == steps // 2 + 1:
+            raise KeyboardInterrupt
+        return real_loss(*args, **kwargs)
+
+    monkeypatch.setattr(training, "head_loss", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        training.train(parts, model, **settings)
+    monkeypatch.setattr(training, "head_loss", real_loss)
+    assert torch.load(parts / "checkpoint.pt", weights_only=False)["state"]["step"] == steps // 2
+    with pytest.raises(ValueError, match="seed 0, not 1"):
+        training.train(parts, model, seed=1, **settings)
+    resumed = training.train(parts, model, **settings)
+    assert resumed["step"] == steps and resumed["log"] == state["log"]
+    heads = [torch.load(folder / "checkpoint.pt", weights_only=False)["head"] for folder in (whole, parts)]
+    assert all(torch.equal(heads[0][key], heads[1][key]) for key in heads[0])
