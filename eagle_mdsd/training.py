@@ -244,9 +244,10 @@ def train(out_dir: Path, base_model=None, epochs: float = 1.0, lr: float = 5e-4,
     state = {"step": 0, "epoch": 0, "batch_in_epoch": 0, "seed": seed, "log": []}
     if checkpoint.exists():
         saved = torch.load(checkpoint, weights_only=False)
-        if saved["state"].get("seed", 0) != seed:
-            raise ValueError(f"{checkpoint} was trained with seed {saved['state'].get('seed', 0)}, not {seed}: "
-                             f"pass --seed {saved['state'].get('seed', 0)} to resume it, or use another --run")
+        trained_with = saved["state"].get("seed", 0)
+        if trained_with != seed:
+            raise ValueError(f"{checkpoint} was trained with seed {trained_with}, not {seed}: "
+                             f"pass --seed {trained_with} to resume it, or use another --run")
         draft_head.load_state_dict(saved["head"])
         optimizer.load_state_dict(saved["optimizer"])
         state = saved["state"]
