@@ -151,6 +151,10 @@ def cmd_train_head(args) -> None:
     from . import training
 
     out = Path(args.run)
+    if args.stage == "prompts":
+        path = training.self_prompts(out, args.count, args.base_model, args.dtype, seed=args.seed,
+                                     max_minutes=args.max_minutes)
+        print(f"{len(training.load_prompts([path]))} self-written prompts in {path}")
     if args.stage in ("data", "all"):
         prompts = args.prompts or [training.DEFAULT_PROMPTS]
         shards = training.make_data(out, prompts, args.base_model, args.dtype, args.max_prompts,
@@ -159,7 +163,8 @@ def cmd_train_head(args) -> None:
         print(f"{len(shards)} data shards in {out / 'data'}")
     if args.stage in ("train", "all"):
         state = training.train(out, args.base_model, args.epochs, args.lr, args.tokens_per_batch,
-                               max_minutes=args.max_minutes, seed=args.seed, device=args.device)
+                               max_minutes=args.max_minutes, seed=args.seed, device=args.device,
+                               data_from=args.data_from)
         recent = state["log"][-20:]
         if recent:
             print(f"step {state['step']}: loss {sum(r['loss'] for r in recent) / len(recent):.4f}, "
@@ -338,11 +343,14 @@ def build_parser() -> argparse.ArgumentParser:
     greedy.add_argument("--out", default="evaluation/results")
     greedy.set_defaults(fn=cmd_check_greedy)
     train = sub.add_parser("train-head", help="train an EAGLE-1 head: data, train and export stages (resumable)")
-    train.add_argument("stage", choices=["data", "train", "export", "all", "evaluate"])
+    train.add_argument("stage", choices=["prompts", "data", "train", "export", "all", "evaluate"])
     train.add_argument("--run", default="runs/smollm2-head", help="folder for shards, checkpoint and exports")
     train.add_argument("--base-model", default=None)
     train.add_argument("--prompts", nargs="*", help="JSON/JSONL files or folders (default: shared/data/train_prompts)")
     train.add_argument("--max-prompts", type=int, default=None)
+    train.add_argument("--count", type=int, default=2560, help="prompts stage: how many prompts the target writes")
+    train.add_argument("--data-from", nargs="*", default=[],
+                       help="train stage: other runs whose data shards are trained on too")
     train.add_argument("--max-new-tokens", type=int, default=128, help="response length in the data stage")
     train.add_argument("--batch-size", type=int, default=16, help="generation batch in the data stage")
     train.add_argument("--shard-size", type=int, default=256)
@@ -353,7 +361,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--tokens-per-batch", type=int, default=4096)
     train.add_argument("--max-minutes", type=float, default=None, help="stop (resumably) after this long")
     train.add_argument("--device", default="cpu")
-    train.add_argument("--seed", type=int, default=0, help="train stage: the head's initialisation and batch order")
+    train.add_argument("--seed", type=int, default=0,
+                       help="train stage: the head's initialisation and batch order; prompts stage: the sampling")
     train.add_argument("--export-to", default=None, help="export folder (default RUN/head)")
     train.add_argument("--eagle1-format", action="store_true", help="export pytorch_model.bin with the embedding copy")
     train.set_defaults(fn=cmd_train_head)

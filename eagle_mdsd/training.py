@@ -1,5 +1,9 @@
 """Training EAGLE-1 heads: data, train and export stages, each resumable.
 
+0. prompts (optional): the target writes instructions itself - sampled
+   from its chat template right after the user-turn header, as Magpie
+   (Xu et al. 2024) does - for a prompt mix closer to what the target was
+   tuned on than the shipped instruction files.
 1. data: the target answers instruction prompts through its chat template
    (self-distillation, greedy, batched); optionally the datasets' reference
    responses are mixed in.  Token ids, the response start and the target's
@@ -88,6 +92,80 @@ def load_prompts(paths) -> list[dict]:
     return prompts
 
 
+# -- stage 0: prompts written by the target ------------------------------------------------
+
+
+def user_turn_prefix(tokenizer) -> list[int]:
+    """The chat template's tokens up to where a user message starts."""
+    marker = "\u2603MESSAGE\u2603"
+    text = tokenizer.decode(models.chat_prompt_ids(tokenizer, marker))
+    if marker not in text:
+        raise ValueError("the tokenizer's chat template does not show the user message verbatim: "
+                         "self-written prompts need a chat template")
+    return tokenizer(text[: text.index(marker)], add_special_tokens=False)["input_ids"]
+
+
+def _complete_lines(path: Path) -> list[dict]:
+    """The records of a JSONL file, dropping a last line an interrupt cut short."""
+    if not path.exists():
+        return []
+    text = path.read_text()
+    if text and not text.endswith("\n"):
+        text = text[: text.rfind("\n") + 1]
+        path.write_text(text)
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def self_prompts(out_dir: Path, count: int, base_model=None, dtype: str = "bfloat16", batch_size: int = 64,
+                 max_tokens: int = 96, seed: int = 0, max_minutes: float | None = None) -> Path:
+    """Append instructions the target writes itself to RUN/self_prompts.jsonl until `count` are there.
+
+    Batch b samples at temperature 1 with the seed (seed, b), so a rerun continues with the same
+    prompts.  Kept: messages the target ended itself (no length cut), of at least three words, not
+    seen before and not a Spec-Bench / MT-Bench question.
+    """
+    path = Path(out_dir) / "self_prompts.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    records = _complete_lines(path)
+    seen = {_normalise(r["prompt"]) for r in records} | benchmark_texts()
+    next_batch = max((r["batch"] for r in records), default=-1) + 1
+    target, tokenizer = models.load_target(base_model, models.parse_dtype(dtype))
+    prefix = torch.tensor([user_turn_prefix(tokenizer)] * batch_size)
+    stop = set(models.eos_token_ids(target, tokenizer))
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    deadline = time.monotonic() + 60 * max_minutes if max_minutes else None
+    progress = tqdm(total=count, initial=min(len(records), count), desc="self-written prompts")
+    barren = 0  # batches in a row that kept nothing
+    while len(records) < count:
+        if barren == 20:
+            raise RuntimeError(f"the target ended none of its last 20 x {batch_size} messages within {max_tokens} "
+                               f"tokens or all were duplicates: this model cannot write its own prompts")
+        if deadline and time.monotonic() > deadline:
+            print(f"time budget reached: {len(records)} prompts written; rerun to continue")
+            break
+        torch.manual_seed(seed * 1_000_003 + next_batch)
+        with torch.inference_mode():
+            out = target.generate(prefix, attention_mask=torch.ones_like(prefix), do_sample=True, temperature=1.0,
+                                  top_k=0, top_p=1.0, max_new_tokens=max_tokens, eos_token_id=sorted(stop),
+                                  pad_token_id=pad_id)
+        lines = []
+        for row in out[:, prefix.shape[1]:].tolist():
+            end = next((i for i, t in enumerate(row) if t in stop), None)
+            text = tokenizer.decode(row[:end]).strip() if end is not None else ""
+            if len(text.split()) < 3 or _normalise(text) in seen:
+                continue
+            seen.add(_normalise(text))
+            lines.append(json.dumps({"prompt": text, "batch": next_batch}) + "\n")
+        with path.open("a") as handle:  # one write per batch
+            handle.write("".join(lines))
+        records += [None] * len(lines)
+        barren = 0 if lines else barren + 1
+        progress.update(len(lines))
+        next_batch += 1
+    progress.close()
+    return path
+
+
 # -- stage 1: data -------------------------------------------------------------------------
 
 
@@ -171,6 +249,19 @@ def make_data(out_dir: Path, prompt_paths, base_model=None, dtype="bfloat16", ma
 # -- stage 2: train ------------------------------------------------------------------------
 
 
+def data_shards(out_dir: Path, data_from=()) -> list[Path]:
+    """The data shards of a run and of the runs it also trains on, in a fixed order."""
+    shards = []
+    for run in [Path(out_dir), *map(Path, data_from)]:
+        found = sorted((run / "data").glob("shard_*.pt"))
+        if not found and run == Path(out_dir) and data_from:
+            continue  # a run may train on other runs' data only
+        if not found:
+            raise FileNotFoundError(f"no data shards in {run / 'data'}: run the data stage there first")
+        shards += found
+    return shards
+
+
 def _batches(shards: list[Path], tokens_per_batch: int, rng: random.Random):
     """Batches of samples (lists), shard by shard in a shuffled order."""
     order = list(shards)
@@ -229,11 +320,11 @@ def head_loss(draft_head, embed, lm_head, features, tokens, targets, mask, noise
 
 def train(out_dir: Path, base_model=None, epochs: float = 1.0, lr: float = 5e-4, tokens_per_batch: int = 4096,
           save_every: int = 100, max_minutes: float | None = None, seed: int = 0, bf16: bool = True,
-          device: str = "cpu") -> dict:
+          device: str = "cpu", data_from=()) -> dict:
     out_dir = Path(out_dir)
-    shards = sorted((out_dir / "data").glob("shard_*.pt"))
-    if not shards:
-        raise FileNotFoundError(f"no data shards in {out_dir / 'data'}: run the data stage first")
+    data_from = [str(Path(run)) for run in data_from]
+    shards = data_shards(out_dir, data_from)
+    out_dir.mkdir(parents=True, exist_ok=True)
     target, _ = models.load_target(base_model, torch.float32, device)
     for parameter in target.parameters():
         parameter.requires_grad_(False)
@@ -241,13 +332,16 @@ def train(out_dir: Path, base_model=None, epochs: float = 1.0, lr: float = 5e-4,
     draft_head = head_module.random_head(target, seed).float().train()
     optimizer = torch.optim.AdamW(draft_head.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     checkpoint = out_dir / "checkpoint.pt"
-    state = {"step": 0, "epoch": 0, "batch_in_epoch": 0, "seed": seed, "log": []}
+    state = {"step": 0, "epoch": 0, "batch_in_epoch": 0, "seed": seed, "data_from": data_from, "log": []}
     if checkpoint.exists():
         saved = torch.load(checkpoint, weights_only=False)
         trained_with = saved["state"].get("seed", 0)
         if trained_with != seed:
             raise ValueError(f"{checkpoint} was trained with seed {trained_with}, not {seed}: "
                              f"pass --seed {trained_with} to resume it, or use another --run")
+        if saved["state"].get("data_from", []) != data_from:
+            raise ValueError(f"{checkpoint} was trained with --data-from {' '.join(saved['state'].get('data_from', [])) or '(none)'}"
+                             f": pass the same runs to resume it, or use another --run")
         draft_head.load_state_dict(saved["head"])
         optimizer.load_state_dict(saved["optimizer"])
         state = saved["state"]
@@ -342,11 +436,11 @@ def evaluate(out_dir: Path, head_spec, base_model=None, count: int = 16) -> dict
 # -- stage 3: export -----------------------------------------------------------------------
 
 
-def rank_tokens(out_dir: Path, vocab_size: int) -> list[int]:
+def rank_tokens(shards: list[Path], vocab_size: int) -> list[int]:
     """Every token id, the answer tokens of the data shards first by frequency (ties: lower id first),
     then the unseen ones by id (a BPE vocabulary's lower ids were merged earlier, i.e. are more common)."""
     counts = collections.Counter()
-    for shard in sorted((Path(out_dir) / "data").glob("shard_*.pt")):
+    for shard in shards:
         for sample in torch.load(shard, weights_only=True):
             counts.update(sample["ids"][sample["start"]:].tolist())
     seen = [token for token, _ in sorted(counts.items(), key=lambda item: (-item[1], item[0]))]
@@ -362,7 +456,8 @@ def export(out_dir: Path, destination: Path, base_model=None, compact: bool = Tr
     target, _ = models.load_target(base_model, torch.float32)
     draft_head = head_module.random_head(target).float()
     draft_head.load_state_dict(saved["head"])
-    draft_head.draft_vocab = rank_tokens(out_dir, target.config.vocab_size)
+    shards = data_shards(out_dir, saved["state"].get("data_from", []))
+    draft_head.draft_vocab = rank_tokens(shards, target.config.vocab_size)
     if compact:
         return head_module.save_head(draft_head.half(), destination, safetensors=True)
     return head_module.save_head(draft_head, destination, target=target)

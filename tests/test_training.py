@@ -107,3 +107,77 @@ def test_an_interrupted_training_run_resumes_to_the_same_head(tmp_path, monkeypa
     assert resumed["step"] == steps and resumed["log"] == state["log"]
     heads = [torch.load(folder / "checkpoint.pt", weights_only=False)["head"] for folder in (whole, parts)]
     assert all(torch.equal(heads[0][key], heads[1][key]) for key in heads[0])
+
+
+def _talkative(folder, tokenizer, monkeypatch):
+    """The tiny run's model with its logits pushed towards a handful of words and the end of turn, so that
+    it writes short messages; models.load_target answers with it."""
+    from eagle_mdsd import models
+
+    model = models.load_target(_tiny_run(folder, tokenizer))[0]
+    bias = torch.zeros(len(tokenizer))
+    words = [tokenizer.encode(w, add_special_tokens=False)[0] for w in (" cats", " dogs", " why", " how", " fly")]
+    bias[words] = 12.0
+    bias[models.eos_token_ids(model, tokenizer)] = 12.0
+    model.lm_head.register_forward_hook(lambda module, inputs, output: output + bias)
+    monkeypatch.setattr(training.models, "load_target", lambda *args, **kwargs: (model, tokenizer))
+
+
+def test_self_written_prompts_resume_and_skip_benchmark_questions(tmp_path, monkeypatch):
+    from transformers import AutoTokenizer
+
+    from eagle_mdsd import models
+
+    models.load_target()
+    tokenizer = AutoTokenizer.from_pretrained(models.cache_dir() / "smollm2-135m-instruct")
+    _talkative(tmp_path / "model", tokenizer, monkeypatch)
+    whole = training.self_prompts(tmp_path / "whole", 40, batch_size=8, max_tokens=12)
+    records = [json.loads(line) for line in whole.read_text().splitlines()]
+    texts = [training._normalise(r["prompt"]) for r in records]
+    assert len(records) >= 40 and len(set(texts)) == len(texts)
+    assert all(len(t.split()) >= 3 for t in texts) and not set(texts) & training.benchmark_texts()
+    assert [r["prompt"] for r in training.load_prompts([whole])] == [r["prompt"] for r in records]
+
+    # stopped after two batches with half a line written: the rerun drops the half line and continues alike
+    part = tmp_path / "part" / "self_prompts.jsonl"
+    part.parent.mkdir()
+    first_two = [line for line in whole.read_text().splitlines(keepends=True) if json.loads(line)["batch"] < 2]
+    part.write_text("".join(first_two) + first_two[-1][:15])
+    assert training.self_prompts(part.parent, 40, batch_size=8, max_tokens=12).read_text() == whole.read_text()
+
+    # a benchmark question the model happens to write is dropped
+    planted = questions.load("spec_bench")[0]["turns"][0]
+    monkeypatch.setattr(training.models, "load_target", lambda *a, **k: (_Parrot(tokenizer, planted), tokenizer))
+    with pytest.raises(RuntimeError, match="cannot write its own prompts"):
+        training.self_prompts(tmp_path / "parrot", 5, batch_size=2, max_tokens=400)
+    assert not (tmp_path / "parrot" / "self_prompts.jsonl").read_text()
+
+
+class _Parrot:
+    """A stand-in target whose every message is the same text."""
+
+    def __init__(self, tokenizer, text):
+        self.message = tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
+        self.generation_config = type("Config", (), {"eos_token_id": tokenizer.eos_token_id})()
+
+    def generate(self, prefix, **kwargs):
+        return torch.cat([prefix, torch.tensor([self.message] * len(prefix))], 1)
+
+
+def test_training_on_the_data_of_other_runs(tmp_path):
+    from transformers import AutoTokenizer
+
+    from eagle_mdsd import models
+
+    models.load_target()
+    tokenizer = AutoTokenizer.from_pretrained(models.cache_dir() / "smollm2-135m-instruct")
+    settings = dict(epochs=1, lr=1e-2, tokens_per_batch=48, bf16=False)
+    model = _tiny_run(tmp_path / "own", tokenizer)
+    _tiny_run(tmp_path / "other", tokenizer, seed=1)
+    alone = training.train(tmp_path / "alone", model, data_from=[tmp_path / "own"], **settings)
+    both = training.train(tmp_path / "own", model, data_from=[tmp_path / "other"], **settings)
+    assert both["step"] == 2 * alone["step"] and both["data_from"] == [str(tmp_path / "other")]
+    with pytest.raises(ValueError, match="--data-from"):
+        training.train(tmp_path / "own", model, **settings)
+    with pytest.raises(FileNotFoundError, match="no data shards"):
+        training.train(tmp_path / "fresh", model, data_from=[tmp_path / "nothing"], **settings)
