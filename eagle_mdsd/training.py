@@ -419,8 +419,27 @@ def teacher_forced_top1(draft_head, target, tokenizer, prompts: list[str], max_n
     return hits / max(total, 1)
 
 
+# Three short prompts a shipped head must accept drafts on (tests/test_shipped_head.py).
+GUARD_PROMPTS = ["Write a short poem about the sea.", "Explain what a prime number is.",
+                 "Give three tips for staying focused while studying."]
+
+
+def guard_tau(draft_head, target, tokenizer, max_new_tokens: int = 64) -> float:
+    """tau at T = 0 with the eagle_default tree over the guard prompts (new tokens / cycles, pooled)."""
+    from . import engine, tree
+
+    decoder = engine.Decoder(target, draft_head, tree.load("eagle_default"),
+                             eos_token_ids=models.eos_token_ids(target, tokenizer))
+    tokens = cycles = 0
+    for prompt in GUARD_PROMPTS:
+        result = decoder.generate(models.chat_prompt_ids(tokenizer, prompt), max_new_tokens, 0.0)
+        tokens, cycles = tokens + result.new_tokens, cycles + result.cycles
+    return tokens / cycles
+
+
 def evaluate(out_dir: Path, head_spec, base_model=None, count: int = 16) -> dict:
-    """Teacher-forced top-1 on held-out training prompts (never used by the data stage) and MT-Bench."""
+    """Teacher-forced top-1 on held-out training prompts (never used by the data stage) and MT-Bench,
+    and tau on the guard prompts."""
     info = json.loads((Path(out_dir) / "data" / "prompts.json").read_text())
     used = len(list((Path(out_dir) / "data").glob("shard_*.pt"))) * info.get("shard_size", 256)
     prompts = load_prompts([Path(p) for p in info["sources"]])
@@ -430,7 +449,8 @@ def evaluate(out_dir: Path, head_spec, base_model=None, count: int = 16) -> dict
     draft_head = head_module.load_head(head_spec, target)
     mt_bench = [q["turns"][0] for q in questions.load("mt_bench")[:count]]
     return {"held_out_prompts": count, "top1_held_out": teacher_forced_top1(draft_head, target, tokenizer, held_out),
-            "top1_mt_bench": teacher_forced_top1(draft_head, target, tokenizer, mt_bench)}
+            "top1_mt_bench": teacher_forced_top1(draft_head, target, tokenizer, mt_bench),
+            "tau_guard_prompts": guard_tau(draft_head, target, tokenizer)}
 
 
 # -- stage 3: export -----------------------------------------------------------------------
