@@ -134,14 +134,15 @@ def self_prompts(out_dir: Path, count: int, base_model=None, dtype: str = "bfloa
     stop = set(models.eos_token_ids(target, tokenizer))
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     deadline = time.monotonic() + 60 * max_minutes if max_minutes else None
-    progress = tqdm(total=count, initial=min(len(records), count), desc="self-written prompts")
+    written = len(records)
+    progress = tqdm(total=count, initial=min(written, count), desc="self-written prompts")
     barren = 0  # batches in a row that kept nothing
-    while len(records) < count:
+    while written < count:
         if barren == 20:
             raise RuntimeError(f"the target ended none of its last 20 x {batch_size} messages within {max_tokens} "
                                f"tokens or all were duplicates: this model cannot write its own prompts")
         if deadline and time.monotonic() > deadline:
-            print(f"time budget reached: {len(records)} prompts written; rerun to continue")
+            print(f"time budget reached: {written} prompts written; rerun to continue")
             break
         torch.manual_seed(seed * 1_000_003 + next_batch)
         with torch.inference_mode():
@@ -158,7 +159,7 @@ def self_prompts(out_dir: Path, count: int, base_model=None, dtype: str = "bfloa
             lines.append(json.dumps({"prompt": text, "batch": next_batch}) + "\n")
         with path.open("a") as handle:  # one write per batch
             handle.write("".join(lines))
-        records += [None] * len(lines)
+        written += len(lines)
         barren = 0 if lines else barren + 1
         progress.update(len(lines))
         next_batch += 1
@@ -437,11 +438,25 @@ def guard_tau(draft_head, target, tokenizer, max_new_tokens: int = 64) -> float:
     return tokens / cycles
 
 
+def _prompt_data(out_dir: Path) -> Path:
+    """The data folder whose prompt list the held-out prompts come from: the run's own, else that of
+    the first run it trained on with --data-from."""
+    candidates = [out_dir / "data"]
+    if (out_dir / "checkpoint.pt").exists():
+        state = torch.load(out_dir / "checkpoint.pt", weights_only=False)["state"]
+        candidates += [Path(run) / "data" for run in state.get("data_from", [])]
+    for data in candidates:
+        if (data / "prompts.json").exists():
+            return data
+    raise FileNotFoundError(f"no data stage in {out_dir}: evaluate needs a run with data shards (or trained on one)")
+
+
 def evaluate(out_dir: Path, head_spec, base_model=None, count: int = 16) -> dict:
     """Teacher-forced top-1 on held-out training prompts (never used by the data stage) and MT-Bench,
     and tau on the guard prompts."""
-    info = json.loads((Path(out_dir) / "data" / "prompts.json").read_text())
-    used = len(list((Path(out_dir) / "data").glob("shard_*.pt"))) * info.get("shard_size", 256)
+    data = _prompt_data(Path(out_dir))
+    info = json.loads((data / "prompts.json").read_text())
+    used = len(list(data.glob("shard_*.pt"))) * info.get("shard_size", 256)
     prompts = load_prompts([Path(p) for p in info["sources"]])
     random.Random(info["seed"]).shuffle(prompts)
     held_out = [p["prompt"] for p in prompts[used : used + count]]

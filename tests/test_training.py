@@ -181,3 +181,14 @@ def test_training_on_the_data_of_other_runs(tmp_path):
         training.train(tmp_path / "own", model, **settings)
     with pytest.raises(FileNotFoundError, match="no data shards"):
         training.train(tmp_path / "fresh", model, data_from=[tmp_path / "nothing"], **settings)
+
+
+def test_evaluation_takes_held_out_prompts_from_the_runs_trained_on(tmp_path):
+    (tmp_path / "other" / "data").mkdir(parents=True)
+    (tmp_path / "other" / "data" / "prompts.json").write_text("{}")
+    (tmp_path / "mixed").mkdir()
+    torch.save({"state": {"data_from": [str(tmp_path / "other")]}}, tmp_path / "mixed" / "checkpoint.pt")
+    assert training._prompt_data(tmp_path / "mixed") == tmp_path / "other" / "data"
+    assert training._prompt_data(tmp_path / "other") == tmp_path / "other" / "data"
+    with pytest.raises(FileNotFoundError, match="no data stage"):
+        training._prompt_data(tmp_path / "empty")
