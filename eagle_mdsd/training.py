@@ -139,7 +139,7 @@ def self_prompts(out_dir: Path, count: int, base_model=None, dtype: str = "bfloa
     barren = 0  # batches in a row that kept nothing
     while written < count:
         if barren == 20:
-            raise RuntimeError(f"the target ended none of its last 20 x {batch_size} messages within {max_tokens} "
+            raise ValueError(f"the target ended none of its last 20 x {batch_size} messages within {max_tokens} "
                                f"tokens or all were duplicates: this model cannot write its own prompts")
         if deadline and time.monotonic() > deadline:
             print(f"time budget reached: {written} prompts written; rerun to continue")
@@ -340,9 +340,10 @@ def train(out_dir: Path, base_model=None, epochs: float = 1.0, lr: float = 5e-4,
         if trained_with != seed:
             raise ValueError(f"{checkpoint} was trained with seed {trained_with}, not {seed}: "
                              f"pass --seed {trained_with} to resume it, or use another --run")
-        if saved["state"].get("data_from", []) != data_from:
-            raise ValueError(f"{checkpoint} was trained with --data-from {' '.join(saved['state'].get('data_from', [])) or '(none)'}"
-                             f": pass the same runs to resume it, or use another --run")
+        trained_on = saved["state"].get("data_from", [])
+        if trained_on != data_from:
+            raise ValueError(f"{checkpoint} was trained with --data-from {' '.join(trained_on) or '(none)'}: "
+                             f"pass the same runs to resume it, or use another --run")
         draft_head.load_state_dict(saved["head"])
         optimizer.load_state_dict(saved["optimizer"])
         state = saved["state"]

@@ -148,7 +148,7 @@ def test_self_written_prompts_resume_and_skip_benchmark_questions(tmp_path, monk
     # a benchmark question the model happens to write is dropped
     planted = questions.load("spec_bench")[0]["turns"][0]
     monkeypatch.setattr(training.models, "load_target", lambda *a, **k: (_Parrot(tokenizer, planted), tokenizer))
-    with pytest.raises(RuntimeError, match="cannot write its own prompts"):
+    with pytest.raises(ValueError, match="cannot write its own prompts"):
         training.self_prompts(tmp_path / "parrot", 5, batch_size=2, max_tokens=400)
     assert not (tmp_path / "parrot" / "self_prompts.jsonl").read_text()
 
