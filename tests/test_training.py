@@ -53,6 +53,16 @@ def test_missing_prompt_file_is_a_clear_error(tmp_path):
         training.load_prompts([tmp_path / "nope.json"])
 
 
+def _embedded_tokenizer():
+    """The embedded model's tokenizer (converting the model first if needed)."""
+    from transformers import AutoTokenizer
+
+    from eagle_mdsd import models
+
+    models.load_target()  # makes sure the converted embedded model (and its tokenizer) exists
+    return AutoTokenizer.from_pretrained(models.cache_dir() / "smollm2-135m-instruct")
+
+
 def _tiny_run(folder, tokenizer, seed=0):
     """A run folder with a tiny Llama (the embedded tokenizer) and one data shard of 6 samples."""
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -75,12 +85,7 @@ def _tiny_run(folder, tokenizer, seed=0):
 
 
 def test_an_interrupted_training_run_resumes_to_the_same_head(tmp_path, monkeypatch):
-    from transformers import AutoTokenizer
-
-    from eagle_mdsd import models
-
-    models.load_target()  # makes sure the converted embedded model (and its tokenizer) exists
-    tokenizer = AutoTokenizer.from_pretrained(models.cache_dir() / "smollm2-135m-instruct")
+    tokenizer = _embedded_tokenizer()
     settings = dict(epochs=3, lr=1e-2, tokens_per_batch=48, save_every=1, bf16=False)
     whole, parts = tmp_path / "whole", tmp_path / "parts"
     state = training.train(whole, _tiny_run(whole, tokenizer), **settings)
@@ -124,12 +129,7 @@ def _talkative(folder, tokenizer, monkeypatch):
 
 
 def test_self_written_prompts_resume_and_skip_benchmark_questions(tmp_path, monkeypatch):
-    from transformers import AutoTokenizer
-
-    from eagle_mdsd import models
-
-    models.load_target()
-    tokenizer = AutoTokenizer.from_pretrained(models.cache_dir() / "smollm2-135m-instruct")
+    tokenizer = _embedded_tokenizer()
     _talkative(tmp_path / "model", tokenizer, monkeypatch)
     whole = training.self_prompts(tmp_path / "whole", 40, batch_size=8, max_tokens=12)
     records = [json.loads(line) for line in whole.read_text().splitlines()]
@@ -165,12 +165,7 @@ class _Parrot:
 
 
 def test_training_on_the_data_of_other_runs(tmp_path):
-    from transformers import AutoTokenizer
-
-    from eagle_mdsd import models
-
-    models.load_target()
-    tokenizer = AutoTokenizer.from_pretrained(models.cache_dir() / "smollm2-135m-instruct")
+    tokenizer = _embedded_tokenizer()
     settings = dict(epochs=1, lr=1e-2, tokens_per_batch=48, bf16=False)
     model = _tiny_run(tmp_path / "own", tokenizer)
     _tiny_run(tmp_path / "other", tokenizer, seed=1)
