@@ -299,30 +299,76 @@ def _collate(batch, hidden: int):
     return features, tokens, targets, mask
 
 
-def head_loss(draft_head, embed, lm_head, features, tokens, targets, mask, noise: float = 0.1):
-    """(loss, top-1 accuracy): SmoothL1 on features + 0.1 x CE against the target's distribution."""
+def _unrolled_mask(length: int, step: int) -> torch.Tensor:
+    """Which cached head entries the step-s pass at position i sees, as the decoder would (s = 1, 2, ...).
+
+    At draft depth s - 1 (pass s) the query at position i sees the true pairs up to position i - s + 1 and
+    the path's entries of passes 2..s at positions i - s + 2 .. i (itself last); the keys are the s passes
+    laid side by side.
+    """
+    index = torch.arange(length)
+    blocks = [index[None, :] <= index[:, None] - (step - 1)]
+    blocks += [index[None, :] == index[:, None] - (step - r) for r in range(2, step + 1)]
+    return torch.cat(blocks, 1)
+
+
+def unrolled_predictions(draft_head, features, embedded, unroll: int = 1) -> list[torch.Tensor]:
+    """The head's predicted features [B, T, H] of passes 1..unroll over (f_i, x_{i+1}) pairs.
+
+    Pass 1 reads the true features; pass r reads pass r - 1's predictions shifted by one position (the
+    input at position i is its prediction of f_i) and attends, through the cached keys of the earlier
+    passes, to what the decoder's head sees at draft depth r: the true pairs and one entry per earlier
+    depth on the path.  Position 0 of pass r > 1 has no such input and must not be scored.
+    """
+    from transformers import DynamicCache
+
     batch, length, _ = features.shape
+    positions = torch.arange(1, length + 1, device=features.device)[None].expand(batch, -1)
+    cache = DynamicCache() if unroll > 1 else None
+    passes, inputs = [], features
+    for step in range(1, unroll + 1):
+        visible = _unrolled_mask(length, step).to(features.device)
+        attention = torch.zeros(visible.shape, device=features.device)
+        attention = attention.masked_fill_(~visible, torch.finfo(torch.float32).min)
+        attention = attention[None, None].to(features.dtype).expand(batch, 1, *visible.shape)
+        passes.append(draft_head(inputs, embedded, positions, attention, cache))
+        inputs = torch.cat([features[:, :1], passes[-1][:, :-1]], 1)
+    return passes
+
+
+def head_loss(draft_head, embed, lm_head, features, tokens, targets, mask, noise: float = 0.1, unroll: int = 1):
+    """(loss, top-1 accuracy of pass 1): SmoothL1 on features + 0.1 x CE against the target's distribution.
+
+    unroll = 1 is EAGLE-1's recipe.  unroll = s > 1 also trains the head on its own predictions, as it is
+    used at draft depths 2..s (HASS, Zhang et al. 2025; EAGLE-3's training-time test); pass r's loss is
+    weighted 0.8^(r-1).
+    """
     if noise:
         features = features + (torch.rand_like(features) * 2 - 1) * noise
-    causal = torch.ones(length, length, dtype=torch.bool).tril()
-    attention = torch.zeros(length, length).masked_fill_(~causal, torch.finfo(torch.float32).min)
-    attention = attention[None, None].to(features.dtype).expand(batch, 1, length, length)
-    positions = torch.arange(1, length + 1)[None].expand(batch, -1)
-    predicted = draft_head(features, embed(tokens).to(features.dtype), positions, attention, None)
-    predicted, targets = predicted[mask], targets[mask]
-    feature_loss = torch.nn.functional.smooth_l1_loss(predicted.float(), targets.float())
+    passes = unrolled_predictions(draft_head, features, embed(tokens).to(features.dtype), unroll)
     with torch.no_grad():
-        target_probs = torch.softmax(lm_head(targets).float(), -1)
-    head_logp = torch.log_softmax(lm_head(predicted).float(), -1)
-    token_loss = -(target_probs * head_logp).sum(-1).mean()
-    accuracy = (head_logp.argmax(-1) == target_probs.argmax(-1)).float().mean()
-    return feature_loss + 0.1 * token_loss, float(accuracy)
+        target_probs = torch.softmax(lm_head(targets[mask]).float(), -1)
+    total, accuracy = 0.0, 0.0
+    for step, predicted in enumerate(passes, start=1):
+        kept = mask & (torch.arange(mask.shape[1], device=mask.device) >= step - 1)
+        feature_loss = torch.nn.functional.smooth_l1_loss(predicted[kept].float(), targets[kept].float())
+        head_logp = torch.log_softmax(lm_head(predicted[kept]).float(), -1)
+        token_loss = -(target_probs[kept[mask]] * head_logp).sum(-1).mean()
+        total = total + 0.8 ** (step - 1) * (feature_loss + 0.1 * token_loss)
+        if step == 1:
+            accuracy = float((head_logp.argmax(-1) == target_probs.argmax(-1)).float().mean())
+    return total, accuracy
 
 
 def train(out_dir: Path, base_model=None, epochs: float = 1.0, lr: float = 5e-4, tokens_per_batch: int = 4096,
           save_every: int = 100, max_minutes: float | None = None, seed: int = 0, bf16: bool = True,
-          device: str = "cpu", data_from=()) -> dict:
+          device: str = "cpu", data_from=(), unroll: int = 1, init_from=None) -> dict:
+    """Train (or resume) the run's head; `unroll` > 1 adds the multi-step loss of `head_loss`, `init_from`
+    starts from another run's checkpoint or an exported head instead of a random one."""
     out_dir = Path(out_dir)
+    if unroll < 1:
+        raise ValueError(f"--unroll is {unroll}: pass 1 (EAGLE-1's loss) or more (draft depths trained)")
+    init_from = str(Path(init_from)) if init_from else None
     data_from = [str(Path(run)) for run in data_from]
     shards = data_shards(out_dir, data_from)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -331,9 +377,12 @@ def train(out_dir: Path, base_model=None, epochs: float = 1.0, lr: float = 5e-4,
         parameter.requires_grad_(False)
     embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
     draft_head = head_module.random_head(target, seed).float().train()
+    if init_from:
+        draft_head.load_state_dict(_trained_weights(Path(init_from), target))
     optimizer = torch.optim.AdamW(draft_head.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     checkpoint = out_dir / "checkpoint.pt"
-    state = {"step": 0, "epoch": 0, "batch_in_epoch": 0, "seed": seed, "data_from": data_from, "log": []}
+    state = {"step": 0, "epoch": 0, "batch_in_epoch": 0, "seed": seed, "data_from": data_from, "unroll": unroll,
+             "init_from": init_from, "log": []}
     if checkpoint.exists():
         saved = torch.load(checkpoint, weights_only=False)
         trained_with = saved["state"].get("seed", 0)
@@ -344,6 +393,12 @@ def train(out_dir: Path, base_model=None, epochs: float = 1.0, lr: float = 5e-4,
         if trained_on != data_from:
             raise ValueError(f"{checkpoint} was trained with --data-from {' '.join(trained_on) or '(none)'}: "
                              f"pass the same runs to resume it, or use another --run")
+        for name, value in (("unroll", unroll), ("init_from", init_from)):
+            trained_with = saved["state"].get(name, {"unroll": 1, "init_from": None}[name])
+            if trained_with != value:
+                option = "--" + name.replace("_", "-")
+                raise ValueError(f"{checkpoint} was trained with {option} {trained_with}, not {value}: "
+                                 f"pass {option} {trained_with} to resume it, or use another --run")
         draft_head.load_state_dict(saved["head"])
         optimizer.load_state_dict(saved["optimizer"])
         state = saved["state"]
@@ -373,7 +428,8 @@ def train(out_dir: Path, base_model=None, epochs: float = 1.0, lr: float = 5e-4,
                 group["lr"] = lr * warm * 0.5 * (1 + math.cos(math.pi * state["step"] / total_steps))
             features, tokens, targets, mask = (t.to(device) for t in _collate(batch, target.config.hidden_size))
             with torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16, enabled=bf16):
-                loss, accuracy = head_loss(draft_head, embed, lm_head, features, tokens, targets, mask)
+                loss, accuracy = head_loss(draft_head, embed, lm_head, features, tokens, targets, mask,
+                                           unroll=unroll)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(draft_head.parameters(), 0.5)
@@ -394,6 +450,16 @@ def train(out_dir: Path, base_model=None, epochs: float = 1.0, lr: float = 5e-4,
     state["wall_time_s"] = state.get("wall_time_s", 0.0) + time.monotonic() - started
     save()
     return state
+
+
+def _trained_weights(source: Path, target) -> dict:
+    """A head's weights from a training run (its checkpoint) or an exported head folder."""
+    if (source / "checkpoint.pt").exists():
+        return torch.load(source / "checkpoint.pt", weights_only=False)["head"]
+    if (source / "config.json").exists():
+        return {k: v.float() for k, v in head_module.load_head(str(source), target).state_dict().items()}
+    raise FileNotFoundError(f"--init-from {source}: neither a run with checkpoint.pt nor a head folder "
+                            f"with config.json")
 
 
 # -- evaluation ---------------------------------------------------------------------------

@@ -187,3 +187,52 @@ def test_evaluation_takes_held_out_prompts_from_the_runs_trained_on(tmp_path):
     assert training._prompt_data(tmp_path / "other") == tmp_path / "other" / "data"
     with pytest.raises(FileNotFoundError, match="no data stage"):
         training._prompt_data(tmp_path / "empty")
+
+
+def test_unrolled_passes_see_what_the_decoders_head_sees():
+    """Pass r at position i equals the head run causally over the true pairs up to i - r + 1 followed by the
+    path of its own predictions: the drafting at depth r - 1 that the multi-step loss trains for."""
+    target = tiny_target(vocab=32, hidden=32)
+    draft_head = head.random_head(target, seed=2).double()
+    torch.manual_seed(0)
+    features, tokens = torch.randn(1, 9, 32, dtype=torch.float64), torch.randint(32, (1, 9))
+    embedded = target.get_input_embeddings()(tokens)
+    passes = training.unrolled_predictions(draft_head, features, embedded, unroll=3)
+
+    def causal_last(inputs, length):
+        visible = torch.ones(length, length, dtype=torch.bool).tril()
+        attention = torch.zeros(length, length, dtype=torch.float64).masked_fill_(~visible, -1e30)[None, None]
+        return draft_head(inputs[None], embedded[:, :length], torch.arange(1, length + 1)[None], attention,
+                          None)[0, -1]
+
+    for i in range(1, 9):
+        depth1 = causal_last(torch.cat([features[0, :i], passes[0][0, i - 1 : i]]), i + 1)
+        torch.testing.assert_close(passes[1][0, i], depth1)
+        if i >= 2:
+            parent = causal_last(torch.cat([features[0, : i - 1], passes[0][0, i - 2 : i - 1]]), i)
+            depth2 = causal_last(torch.cat([features[0, : i - 1], passes[0][0, i - 2 : i - 1], parent[None]]),
+                                 i + 1)
+            torch.testing.assert_close(passes[2][0, i], depth2)
+    assert not torch.allclose(passes[1][0, 1:], passes[0][0, 1:])  # the passes do differ
+
+
+def test_multi_step_training_from_a_trained_head(tmp_path):
+    tokenizer = _embedded_tokenizer()
+    settings = dict(epochs=1, tokens_per_batch=48, bf16=False)
+    model = _tiny_run(tmp_path / "own", tokenizer)
+    trained = training.train(tmp_path / "first", model, data_from=[tmp_path / "own"], lr=1e-2, **settings)
+    # lr 0: the warm-started head is exactly the one it started from, also through the 2-step loss
+    unchanged = training.train(tmp_path / "same", model, data_from=[tmp_path / "own"], lr=0.0, unroll=2,
+                               init_from=tmp_path / "first", **settings)
+    assert unchanged["step"] == trained["step"] and unchanged["unroll"] == 2
+    heads = [torch.load(tmp_path / run / "checkpoint.pt", weights_only=False)["head"] for run in ("first", "same")]
+    assert all(torch.equal(heads[0][key], heads[1][key]) for key in heads[0])
+    tuned = training.train(tmp_path / "tuned", model, data_from=[tmp_path / "own"], lr=1e-2, epochs=3, unroll=3,
+                           init_from=tmp_path / "first", tokens_per_batch=48, bf16=False)
+    assert tuned["log"][-1]["loss"] < tuned["log"][0]["loss"]
+    with pytest.raises(ValueError, match="--unroll 3, not 2"):
+        training.train(tmp_path / "tuned", model, data_from=[tmp_path / "own"], unroll=2,
+                       init_from=tmp_path / "first", **settings)
+    with pytest.raises(FileNotFoundError, match="--init-from"):
+        training.train(tmp_path / "other", model, data_from=[tmp_path / "own"], init_from=tmp_path / "nothing",
+                       **settings)
