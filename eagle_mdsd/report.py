@@ -2,7 +2,8 @@
 
 Every number is recomputed from the files: tokens are the generated ids
 (`new_tokens`), time is the wall time of each turn (prefill included), tau is
-tokens / target cycles (`idxs`).  Tokens/s of a group = its tokens / its
+tokens / target cycles (`idxs`), and acceptance by depth comes from the
+tokens of each cycle (`accept_lengths`, accepted drafts + 1).  Tokens/s of a group = its tokens / its
 seconds (Spec-Bench's convention), and a speedup compares a method with the
 baseline on the questions both files answered.
 """
@@ -14,6 +15,16 @@ from pathlib import Path
 from . import bench
 
 PHASES = ("draft", "target", "verify", "commit")
+MAX_DEPTH = 8  # columns of the acceptance-by-depth table
+
+
+def acceptance_by_depth(lengths: list[int]) -> list[float]:
+    """For d = 1, 2, ...: of the cycles that accepted d - 1 drafts, the share that accepted a d-th too."""
+    rates = []
+    for depth in range(1, max(lengths, default=1)):
+        reached = sum(n >= depth for n in lengths)
+        rates.append(sum(n >= depth + 1 for n in lengths) / reached)
+    return rates
 
 
 def _totals(rows: list[dict]) -> dict:
@@ -23,6 +34,9 @@ def _totals(rows: list[dict]) -> dict:
     totals = {"questions": len(rows), "new_tokens": tokens, "cycles": cycles, "wall_time_s": seconds,
               "tau": tokens / cycles if cycles else float("nan"),
               "tokens_per_s": tokens / seconds if seconds else float("nan")}
+    lengths = [n for r in rows for turn in r["choices"][0].get("accept_lengths", []) for n in turn]
+    if lengths and max(lengths) > 1:
+        totals["acceptance_by_depth"] = acceptance_by_depth(lengths)
     profiles = [turn for r in rows for turn in r["choices"][0].get("profile", [])]
     if profiles and cycles:
         totals["ms_per_cycle"] = {phase: 1000 * sum(p.get(phase, 0.0) for p in profiles) / cycles
@@ -88,6 +102,16 @@ def markdown(entries: list[dict]) -> str:
                 value = None if c is None else (c["speedup"] if with_speedup else c["tokens_per_s"])
                 cells.append("-" if c is None else f"{value:.2f} ({c['tau']:.2f})")
             lines.append(f"| {entry['label']} | " + " | ".join(cells) + " |")
+    drafted = [e for e in entries if "acceptance_by_depth" in e["categories"]["all"]]
+    if drafted:
+        depths = min(MAX_DEPTH, max(len(e["categories"]["all"]["acceptance_by_depth"]) for e in drafted))
+        lines += ["", "Acceptance by depth (of the cycles that accepted d - 1 drafts, the share that accepted a "
+                  "d-th):", "", "| method | " + " | ".join(f"d = {d}" for d in range(1, depths + 1)) + " |",
+                  "|---|" + "---|" * depths]
+        for entry in drafted:
+            rates = entry["categories"]["all"]["acceptance_by_depth"]
+            lines.append(f"| {entry['label']} | " + " | ".join(f"{rates[d]:.3f}" if d < len(rates) else "-"
+                                                               for d in range(depths)) + " |")
     profiled = [e for e in entries if "ms_per_cycle" in e["categories"]["all"]]
     if profiled:
         lines += ["", "Where a cycle's time goes (ms per target cycle):", "",

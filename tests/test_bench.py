@@ -103,7 +103,20 @@ def test_report_recomputes_from_the_files(tmp_path):
         report.compare([tmp_path / "none.jsonl"])
     assert cli.main(["report", str(fast), str(slow), "--labels", "a,b", "--out", str(tmp_path / "cli")]) == 0
     assert "| a | 2 | 60 |" in (tmp_path / "cli.md").read_text()
+    assert "Acceptance by depth" not in (tmp_path / "cli.md").read_text()  # no accept_lengths in these rows
     assert cli.main(["report", str(fast), str(slow), "--labels", "a", "--out", str(tmp_path / "cli")]) == 2
+
+
+def test_report_acceptance_by_depth():
+    # cycles accepting 0, 0, 1, 2, 2 drafts: 3 of 5 reach depth 1, 2 of those 3 depth 2, none depth 3
+    assert report.acceptance_by_depth([1, 1, 2, 3, 3]) == pytest.approx([3 / 5, 2 / 3])
+    assert report.acceptance_by_depth([1, 1]) == []
+    row = _fake_row(1, "x", [9], [1.0], [5])
+    row["choices"][0]["accept_lengths"] = [[1, 1, 2, 3, 2]]
+    totals = report._totals([row])
+    assert totals["acceptance_by_depth"] == pytest.approx([3 / 5, 1 / 3])
+    text = report.markdown([{"label": "m", "categories": {"all": totals}}])
+    assert "| m | 0.600 | 0.333 |" in text
 
 
 def test_shards_answer_disjoint_questions_and_merge_sorted(tmp_path, small_chat_model):
