@@ -322,15 +322,15 @@ def unrolled_predictions(draft_head, features, embedded, unroll: int = 1) -> lis
     """
     from transformers import DynamicCache
 
+    from .engine import additive_mask
+
     batch, length, _ = features.shape
     positions = torch.arange(1, length + 1, device=features.device)[None].expand(batch, -1)
     cache = DynamicCache() if unroll > 1 else None
     passes, inputs = [], features
     for step in range(1, unroll + 1):
         visible = _unrolled_mask(length, step).to(features.device)
-        attention = torch.zeros(visible.shape, device=features.device)
-        attention = attention.masked_fill_(~visible, torch.finfo(torch.float32).min)
-        attention = attention[None, None].to(features.dtype).expand(batch, 1, *visible.shape)
+        attention = additive_mask(visible, torch.float32).to(features.dtype).expand(batch, -1, -1, -1)
         passes.append(draft_head(inputs, embedded, positions, attention, cache))
         inputs = torch.cat([features[:, :1], passes[-1][:, :-1]], 1)
     return passes
