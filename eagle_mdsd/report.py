@@ -2,10 +2,10 @@
 
 Every number is recomputed from the files: tokens are the generated ids
 (`new_tokens`), time is the wall time of each turn (prefill included), tau is
-tokens / target cycles (`idxs`), and acceptance by depth comes from the
-tokens of each cycle (`accept_lengths`, accepted drafts + 1).  Tokens/s of a group = its tokens / its
-seconds (Spec-Bench's convention), and a speedup compares a method with the
-baseline on the questions both files answered.
+tokens / target cycles (`idxs`), acceptance by depth comes from the tokens
+of each cycle (`accept_lengths`, accepted drafts + 1).  Tokens/s of a group =
+its tokens / its seconds (Spec-Bench's convention), and a speedup compares a
+method with the baseline on the questions both files answered.
 """
 
 from __future__ import annotations

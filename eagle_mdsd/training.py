@@ -385,20 +385,13 @@ def train(out_dir: Path, base_model=None, epochs: float = 1.0, lr: float = 5e-4,
              "init_from": init_from, "log": []}
     if checkpoint.exists():
         saved = torch.load(checkpoint, weights_only=False)
-        trained_with = saved["state"].get("seed", 0)
-        if trained_with != seed:
-            raise ValueError(f"{checkpoint} was trained with seed {trained_with}, not {seed}: "
-                             f"pass --seed {trained_with} to resume it, or use another --run")
-        trained_on = saved["state"].get("data_from", [])
-        if trained_on != data_from:
-            raise ValueError(f"{checkpoint} was trained with --data-from {' '.join(trained_on) or '(none)'}: "
-                             f"pass the same runs to resume it, or use another --run")
-        for name, value in (("unroll", unroll), ("init_from", init_from)):
-            trained_with = saved["state"].get(name, {"unroll": 1, "init_from": None}[name])
+        for name, value, default in (("seed", seed, 0), ("data_from", data_from, []), ("unroll", unroll, 1),
+                                     ("init_from", init_from, None)):
+            trained_with = saved["state"].get(name, default)
             if trained_with != value:
                 option = "--" + name.replace("_", "-")
-                raise ValueError(f"{checkpoint} was trained with {option} {trained_with}, not {value}: "
-                                 f"pass {option} {trained_with} to resume it, or use another --run")
+                raise ValueError(f"{checkpoint} was trained with {option} {_option_text(trained_with)}, not "
+                                 f"{_option_text(value)}: pass the same to resume it, or use another --run")
         draft_head.load_state_dict(saved["head"])
         optimizer.load_state_dict(saved["optimizer"])
         state = saved["state"]
@@ -450,6 +443,13 @@ def train(out_dir: Path, base_model=None, epochs: float = 1.0, lr: float = 5e-4,
     state["wall_time_s"] = state.get("wall_time_s", 0.0) + time.monotonic() - started
     save()
     return state
+
+
+def _option_text(value) -> str:
+    """How a training option stored in a checkpoint reads on the command line."""
+    if isinstance(value, list):
+        return " ".join(value) or "(none)"
+    return "(none)" if value is None else str(value)
 
 
 def _trained_weights(source: Path, target) -> dict:
