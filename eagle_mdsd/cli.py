@@ -170,7 +170,8 @@ def cmd_train_head(args) -> None:
     if args.stage in ("train", "all"):
         state = training.train(out, args.base_model, args.epochs, args.lr, args.tokens_per_batch,
                                max_minutes=args.max_minutes, seed=args.seed, device=args.device,
-                               data_from=args.data_from, unroll=args.unroll, init_from=args.init_from)
+                               data_from=args.data_from, unroll=args.unroll, init_from=args.init_from,
+                               token_weight=args.token_weight)
         recent = state["log"][-20:]
         if recent:
             print(f"step {state['step']}: loss {sum(r['loss'] for r in recent) / len(recent):.4f}, "
@@ -359,6 +360,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="train stage: other runs whose data shards are trained on too")
     train.add_argument("--unroll", type=int, default=1,
                        help="train stage: draft depths trained on the head's own predictions (1: EAGLE-1's loss)")
+    train.add_argument("--token-weight", type=float, default=0.1,
+                       help="train stage: weight of the cross-entropy term against the feature term (EAGLE: 0.1)")
     train.add_argument("--init-from", default=None,
                        help="train stage: start from this run's checkpoint or exported head, not a random head")
     train.add_argument("--max-new-tokens", type=int, default=128, help="response length in the data stage")

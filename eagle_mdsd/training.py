@@ -336,8 +336,10 @@ def unrolled_predictions(draft_head, features, embedded, unroll: int = 1) -> lis
     return passes
 
 
-def head_loss(draft_head, embed, lm_head, features, tokens, targets, mask, noise: float = 0.1, unroll: int = 1):
-    """(loss, top-1 accuracy of pass 1): SmoothL1 on features + 0.1 x CE against the target's distribution.
+def head_loss(draft_head, embed, lm_head, features, tokens, targets, mask, noise: float = 0.1, unroll: int = 1,
+              token_weight: float = 0.1):
+    """(loss, top-1 accuracy of pass 1): SmoothL1 on features + token_weight x CE against the target's
+    distribution (EAGLE's recipe: 0.1).
 
     unroll = 1 is EAGLE-1's recipe.  unroll = s > 1 also trains the head on its own predictions, as it is
     used at draft depths 2..s (HASS, Zhang et al. 2025; EAGLE-3's training-time test); pass r's loss is
@@ -354,7 +356,7 @@ def head_loss(draft_head, embed, lm_head, features, tokens, targets, mask, noise
         feature_loss = torch.nn.functional.smooth_l1_loss(predicted[kept].float(), targets[kept].float())
         head_logp = torch.log_softmax(lm_head(predicted[kept]).float(), -1)
         token_loss = -(target_probs[kept[mask]] * head_logp).sum(-1).mean()
-        total = total + 0.8 ** (step - 1) * (feature_loss + 0.1 * token_loss)
+        total = total + 0.8 ** (step - 1) * (feature_loss + token_weight * token_loss)
         if step == 1:
             accuracy = float((head_logp.argmax(-1) == target_probs.argmax(-1)).float().mean())
     return total, accuracy
@@ -362,12 +364,15 @@ def head_loss(draft_head, embed, lm_head, features, tokens, targets, mask, noise
 
 def train(out_dir: Path, base_model=None, epochs: float = 1.0, lr: float = 5e-4, tokens_per_batch: int = 4096,
           save_every: int = 100, max_minutes: float | None = None, seed: int = 0, bf16: bool = True,
-          device: str = "cpu", data_from=(), unroll: int = 1, init_from=None) -> dict:
+          device: str = "cpu", data_from=(), unroll: int = 1, init_from=None, token_weight: float = 0.1) -> dict:
     """Train (or resume) the run's head; `unroll` > 1 adds the multi-step loss of `head_loss`, `init_from`
-    starts from another run's checkpoint or an exported head instead of a random one."""
+    starts from another run's checkpoint or an exported head instead of a random one, `token_weight` weighs the
+    cross-entropy term against the feature term (EAGLE's 0.1)."""
     out_dir = Path(out_dir)
     if unroll < 1:
         raise ValueError(f"--unroll is {unroll}: pass 1 (EAGLE-1's loss) or more (draft depths trained)")
+    if token_weight < 0:
+        raise ValueError(f"--token-weight is {token_weight}: pass 0 or more (EAGLE's recipe: 0.1)")
     init_from = str(Path(init_from)) if init_from else None
     data_from = [str(Path(run)) for run in data_from]
     shards = data_shards(out_dir, data_from)
@@ -382,11 +387,11 @@ def train(out_dir: Path, base_model=None, epochs: float = 1.0, lr: float = 5e-4,
     optimizer = torch.optim.AdamW(draft_head.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     checkpoint = out_dir / "checkpoint.pt"
     state = {"step": 0, "epoch": 0, "batch_in_epoch": 0, "seed": seed, "data_from": data_from, "unroll": unroll,
-             "init_from": init_from, "log": []}
+             "init_from": init_from, "token_weight": token_weight, "log": []}
     if checkpoint.exists():
         saved = torch.load(checkpoint, weights_only=False)
         for name, value, default in (("seed", seed, 0), ("data_from", data_from, []), ("unroll", unroll, 1),
-                                     ("init_from", init_from, None)):
+                                     ("init_from", init_from, None), ("token_weight", token_weight, 0.1)):
             trained_with = saved["state"].get(name, default)
             if trained_with != value:
                 option = "--" + name.replace("_", "-")
@@ -422,7 +427,7 @@ def train(out_dir: Path, base_model=None, epochs: float = 1.0, lr: float = 5e-4,
             features, tokens, targets, mask = (t.to(device) for t in _collate(batch, target.config.hidden_size))
             with torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16, enabled=bf16):
                 loss, accuracy = head_loss(draft_head, embed, lm_head, features, tokens, targets, mask,
-                                           unroll=unroll)
+                                           unroll=unroll, token_weight=token_weight)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(draft_head.parameters(), 0.5)

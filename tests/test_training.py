@@ -48,6 +48,24 @@ def test_a_few_training_steps_lower_the_loss():
     assert losses[-1] < 0.5 * losses[0]
 
 
+def test_the_token_weight_scales_the_cross_entropy_term():
+    target = tiny_target(vocab=32, hidden=32)
+    draft_head = head.random_head(target, seed=1)
+    torch.manual_seed(0)
+    ids = torch.randint(32, (2, 12))
+    with torch.no_grad():
+        feats = target.get_decoder()(ids).last_hidden_state
+    samples = [{"ids": ids[i].int(), "start": 3, "features": feats[i].float()} for i in range(2)]
+    batch = [t.double() if t.is_floating_point() else t for t in training._collate(samples, 32)]
+    embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
+    with torch.no_grad():
+        loss = {w: float(training.head_loss(draft_head, embed, lm_head, *batch, noise=0.0, unroll=2,
+                                            token_weight=w)[0]) for w in (0.0, 0.1, 1.0)}
+    token_term = loss[1.0] - loss[0.0]
+    assert token_term > 0.1 and loss[0.0] > 0
+    assert loss[0.1] - loss[0.0] == pytest.approx(0.1 * token_term, rel=1e-4)  # EAGLE's default weight
+
+
 def test_missing_prompt_file_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         training.load_prompts([tmp_path / "nope.json"])
@@ -232,6 +250,9 @@ def test_multi_step_training_from_a_trained_head(tmp_path):
     assert tuned["log"][-1]["loss"] < tuned["log"][0]["loss"]
     with pytest.raises(ValueError, match="--unroll 3, not 2"):
         training.train(tmp_path / "tuned", model, data_from=[tmp_path / "own"], unroll=2,
+                       init_from=tmp_path / "first", **settings)
+    with pytest.raises(ValueError, match="--token-weight 0.1, not 1.0"):
+        training.train(tmp_path / "tuned", model, data_from=[tmp_path / "own"], unroll=3, token_weight=1.0,
                        init_from=tmp_path / "first", **settings)
     with pytest.raises(FileNotFoundError, match="--init-from"):
         training.train(tmp_path / "other", model, data_from=[tmp_path / "own"], init_from=tmp_path / "nothing",
