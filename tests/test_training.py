@@ -44,7 +44,7 @@ def test_a_few_training_steps_lower_the_loss():
         loss.backward()
         torch.nn.utils.clip_grad_norm_(draft_head.parameters(), 0.5)
         optimizer.step()
-        losses.append(float(loss))
+        losses.append(loss.item())
     assert losses[-1] < 0.5 * losses[0]
 
 
