@@ -16,7 +16,8 @@ from tqdm import tqdm
 
 from . import benchmarks, dynamic, engine, head, models, questions
 
-ALL_TREES = ("eagle_default", "binary_depth4", "quad_depth3", "chain4", "chain6", "eagle2", "opt_tree")
+ALL_TREES = ("eagle_default", "binary_depth4", "quad_depth3", "chain4", "chain6", "eagle2", "opt_tree",
+             "eagle_default+lookup")
 
 
 def _first_difference(a: list[int], b: list[int]) -> int | None:

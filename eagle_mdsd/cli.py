@@ -295,7 +295,8 @@ def cmd_sweep(args) -> None:
 
 def _add_tree_options(parser) -> None:
     parser.add_argument("--tree", default="eagle_default",
-                        help="tree name (tree_configs/), chainN, a .json file, or a dynamic tree: eagle2, opt_tree")
+                        help="tree name (tree_configs/), chainN, a .json file, or a dynamic tree: eagle2, opt_tree; "
+                             "+lookup or +lookupN after any of them adds prompt-lookup drafts (T = 0 only)")
     parser.add_argument("--drafter", default="topk", help="drafting scheme (eagle-mdsd pairs lists them)")
     parser.add_argument("--verifier", default="topk", help="verifier (eagle-mdsd pairs lists them)")
     parser.add_argument("--draft-vocab", type=_draft_vocab, default="auto", help=DRAFT_VOCAB_HELP)
@@ -344,7 +345,7 @@ def build_parser() -> argparse.ArgumentParser:
     greedy.add_argument("--questions", type=int, default=5)
     greedy.add_argument("--max-new-tokens", type=int, default=128)
     greedy.add_argument("--trees", nargs="+", default=["eagle_default", "binary_depth4", "quad_depth3", "chain4",
-                                                       "chain6", "eagle2", "opt_tree"])
+                                                       "chain6", "eagle2", "opt_tree", "eagle_default+lookup"])
     greedy.add_argument("--dtypes", default="float32,bfloat16")
     greedy.add_argument("--ea-model", default="random", help="head folder, or 'random' (default)")
     greedy.add_argument("--out", default="evaluation/results")
@@ -419,7 +420,8 @@ def build_parser() -> argparse.ArgumentParser:
     suite_parser.add_argument("--trees", nargs="+", default=["eagle_default"],
                               help="EAGLE runs once per tree (dynamic ones with options, and optionally the "
                                    "tree's own drafter/verifier pair, e.g. eagle_default "
-                                   "eagle2:total_tokens=16,depth=5,top_k=4@greedy/greedy)")
+                                   "eagle2:total_tokens=16,depth=5,top_k=4@greedy/greedy; TREE+lookup adds "
+                                   "prompt-lookup drafts and runs at T = 0 only)")
     suite_parser.add_argument("--drafter", default="topk")
     suite_parser.add_argument("--verifier", default="topk")
     suite_parser.add_argument("--seed", type=int, default=0)

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import torch
 
 from . import tree as static_trees
-from . import drafting
+from . import drafting, lookup
 
 NAMES = ("eagle2", "opt_tree")
 
@@ -75,7 +75,11 @@ DEFAULTS = {"eagle2": {"total_tokens": 60, "depth": 6, "top_k": 10},
 
 def load(spec: str, **overrides):
     """A static tree (tree.load) or a dynamic one: 'eagle2', 'opt_tree', or with options such as
-    'eagle2:total_tokens=16,depth=5,top_k=4'; `overrides` (CLI flags, None = unset) apply first."""
+    'eagle2:total_tokens=16,depth=5,top_k=4'; `overrides` (CLI flags, None = unset) apply first.
+    Any of them + 'lookup' or 'lookupN': prompt-lookup drafts grafted on at temperature 0 (lookup.py)."""
+    base, tokens = lookup.split(spec)
+    if tokens is not None:
+        return lookup.LookupTree(load(base, **overrides), tokens)
     name, _, options = spec.partition(":")
     if name not in NAMES:
         return static_trees.load(spec)

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
-from . import drafting, dynamic, verification
+from . import drafting, dynamic, lookup, verification
 from .tree import Tree
 
 
@@ -179,13 +179,16 @@ def resolve_draft_vocab(head, draft_vocab: int | str | None) -> int | None:
 
 
 class Decoder:
-    """Speculative decoding of one target with an EAGLE head over a static tree."""
+    """Speculative decoding of one target with an EAGLE head over a static or dynamic tree."""
 
-    def __init__(self, target, head=None, tree: Tree | dynamic.DynamicTree | None = None, drafter="topk",
-                 verifier="topk", eos_token_ids=(), draft_vocab: int | str | None = None):
+    def __init__(self, target, head=None, tree: Tree | dynamic.DynamicTree | lookup.LookupTree | None = None,
+                 drafter="topk", verifier="topk", eos_token_ids=(), draft_vocab: int | str | None = None):
         """draft_vocab: draft over the head's N most frequent tokens only (q is 0 elsewhere; still exact);
-        'auto': AUTO_DRAFT_VOCAB of them when the head ships its token ranking, else the full vocabulary."""
-        self.target, self.head, self.tree = target, head, tree
+        'auto': AUTO_DRAFT_VOCAB of them when the head ships its token ranking, else the full vocabulary.
+        A lookup.LookupTree drafts its base tree and grafts prompt-lookup tokens on (temperature 0 only)."""
+        self.lookup_tokens = tree.tokens if isinstance(tree, lookup.LookupTree) else 0
+        self.target, self.head = target, head
+        self.tree = tree = tree.base if self.lookup_tokens else tree
         self.scheme, self.verifier = drafting.get(drafter), verification.get(verifier)
         verification.check_pair(self.scheme, self.verifier)
         self.decoder_model = target.get_decoder()
@@ -240,15 +243,19 @@ class Decoder:
             raise ValueError(f"unknown method {method!r}: use eagle or baseline")
         if method == "eagle" and (self.head is None or self.tree is None):
             raise ValueError("method eagle needs a draft head and a tree")
+        if method == "eagle" and self.lookup_tokens and temperature > 0:
+            raise ValueError(f"prompt-lookup drafts have no draft distribution: a {lookup.SUFFIX} tree needs "
+                             f"temperature 0, got {temperature}; drop {lookup.SUFFIX} from the tree to sample")
         device = self.lm_head.weight.device
         prompt = torch.as_tensor(prompt_ids, dtype=torch.long, device=device).reshape(-1)
-        tree_depth = self.tree.max_depth if method == "eagle" else 0
+        tree_depth = self.tree.max_depth + self.lookup_tokens if method == "eagle" else 0
         context = getattr(self.target.config, "max_position_embeddings", None)
         if context is not None and len(prompt) + max_new_tokens + tree_depth > context:
             raise ValueError(f"prompt ({len(prompt)} tokens) + max_new_tokens ({max_new_tokens}) + tree depth "
                              f"({tree_depth}) exceed the model's context of {context} tokens: shorten the prompt "
                              f"or lower max_new_tokens")
-        capacity = len(prompt) + max_new_tokens + (self.tree.size if method == "eagle" else 0) + 2
+        tree_size = self.tree.size + self.lookup_tokens if method == "eagle" else 0
+        capacity = len(prompt) + max_new_tokens + tree_size + 2
         self.target_cache = preallocated_cache(self.target.config.num_hidden_layers, capacity)
         self.head_cache = preallocated_cache(1, capacity) if method == "eagle" else None
         generator = torch.Generator(device=device).manual_seed(seed)
@@ -265,6 +272,7 @@ class Decoder:
         prefill_time = time.perf_counter() - start
         result = GenerationResult(prompt.tolist(), [root], 0)
         self.accepted_ranks = result.accepted_ranks  # the walks append to it
+        self.context = prompt.tolist() + [root]  # what prompt lookup searches
         pending = (features, torch.cat([prompt[1:], prompt.new_tensor([root])]))
         while root not in self.eos and result.new_tokens < max_new_tokens:
             if method == "baseline":
@@ -280,6 +288,7 @@ class Decoder:
             result.accept_lengths.append(len(emitted))
             length += len(emitted)
             result.token_ids.extend(emitted)
+            self.context.extend(emitted)
             root = emitted[-1]
             if any(token in self.eos for token in emitted):
                 cut = next(i for i, token in enumerate(result.token_ids) if token in self.eos)
@@ -384,6 +393,9 @@ class Decoder:
             node_tokens, draft_q = self._draft_static(length, root, root_prediction, committed, temperature,
                                                       generator)
             node_drafts = {}
+        if self.lookup_tokens:
+            tree, node_tokens = lookup.graft(tree, node_tokens, lookup.continuation(self.context, self.lookup_tokens))
+            tree_depth, tree_visible = self._buffers(tree)
         keep(self.head_cache, committed, node_tokens[:0])
         self.timer.lap("draft")
         # 3. one target forward over the whole tree.
@@ -399,8 +411,10 @@ class Decoder:
                 bonus = self._sample(p, generator)
                 break
             drafts = node_tokens[list(kids)]
-            # a dynamic tree's verifier sees the node's whole draft tuple, pruned drafts included
-            output = self.verifier.sample(p, draft_q[node], node_drafts.get(node, drafts), generator)
+            if self.lookup_tokens:  # temperature 0: the target's argmax, whoever drafted the children
+                output = int(p.argmax())
+            else:  # a dynamic tree's verifier sees the node's whole draft tuple, pruned drafts included
+                output = self.verifier.sample(p, draft_q[node], node_drafts.get(node, drafts), generator)
             match = (drafts == output).nonzero()
             self.accepted_ranks.append(int(match[0]) if len(match) else -1)
             if len(match) == 0:

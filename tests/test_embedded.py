@@ -5,9 +5,10 @@ from __future__ import annotations
 from eagle_mdsd import checks
 
 
-# every static tree, and the dynamic ones at sizes a 2-core CI runs quickly in fp32
+# every static tree, the dynamic ones at sizes a 2-core CI runs quickly in fp32, and prompt-lookup drafts
 TREES = ("eagle_default", "binary_depth4", "quad_depth3", "chain4", "chain6",
-         "eagle2:total_tokens=16,depth=4,top_k=4", "opt_tree:nodes=16,threshold=0.05,max_depth=6,top_k=4")
+         "eagle2:total_tokens=16,depth=4,top_k=4", "opt_tree:nodes=16,threshold=0.05,max_depth=6,top_k=4",
+         "eagle_default+lookup")
 
 
 def test_engine_matches_greedy_generate_for_every_tree(tmp_path):

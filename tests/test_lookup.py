@@ -1,0 +1,65 @@
+"""Prompt-lookup drafts grafted onto the head's tree: the search, the trie graft, greedy output."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eagle_mdsd import dynamic, engine, head, lookup, tree
+from test_engine import PROMPT, TREES
+from tiny import tiny_target
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    target = tiny_target()
+    draft_head = head.random_head(target)
+    with torch.no_grad():  # a sharp q that disagrees with p: the head alone accepts little
+        draft_head.fc.weight.mul_(20.0)
+    return target, draft_head
+
+
+def test_the_continuation_follows_the_first_earlier_match_of_the_last_two_tokens():
+    assert lookup.continuation([5, 6, 7, 8, 5, 6], 3) == [7, 8, 5]
+    assert lookup.continuation([6, 1, 5, 6, 2, 5, 6], 2) == [2, 5]           # the two-token match wins
+    assert lookup.continuation([4, 9, 1, 2, 9], 4) == [1, 2, 9]                # else the last token alone
+    assert lookup.continuation([1, 2, 3], 4) == [] and lookup.continuation([7], 4) == []
+
+
+def test_the_graft_shares_drafted_prefixes_and_hangs_the_rest_as_a_chain():
+    wide = tree.compile_tree(TREES["wide"])  # root -> 1, 2, 3; 1 -> 4, 5; 2 -> 6
+    tokens = torch.tensor([9, 10, 11, 12, 20, 21, 22])
+    grafted, new_tokens = lookup.graft(wide, tokens, [10, 21, 30, 31])
+    assert new_tokens.tolist() == tokens.tolist() + [30, 31]
+    assert grafted.parent[7:] == (5, 7) and grafted.depth[7:] == (3, 4) and grafted.children[5] == (7,)
+    assert grafted.ancestors[8].nonzero().flatten().tolist() == [0, 1, 5, 7, 8]
+    assert grafted.ancestors[:7, :7].equal(wide.ancestors) and not grafted.ancestors[:7, 7:].any()
+    same, same_tokens = lookup.graft(wide, tokens, [10, 21])  # all drafted already
+    assert same is wide and same_tokens is tokens
+    fresh, _ = lookup.graft(wide, tokens, [40])
+    assert fresh.children[0] == (1, 2, 3, 7) and fresh.paths[-1] == (3,)
+
+
+@pytest.mark.parametrize("spec", ["wide", "eagle2:total_tokens=7,depth=3,top_k=2"])
+def test_lookup_trees_are_greedy_and_accept_the_repeats(tiny, spec):
+    target, draft_head = tiny
+    base = tree.compile_tree(TREES["wide"]) if spec == "wide" else dynamic.load(spec)
+    greedy = engine.Decoder(target).generate(PROMPT, 40, method="baseline").token_ids
+    alone = engine.Decoder(target, draft_head, base).generate(PROMPT, 40, 0.0)
+    with_lookup = engine.Decoder(target, draft_head, lookup.LookupTree(base, 6)).generate(PROMPT, 40, 0.0)
+    assert alone.token_ids == greedy and with_lookup.token_ids == greedy
+    # the tiny target's greedy output repeats (period 4): lookup drafts carry whole periods
+    assert max(with_lookup.accept_lengths) == 7 and with_lookup.cycles < alone.cycles / 2
+
+
+def test_lookup_trees_load_by_name_and_refuse_sampling(tiny):
+    target, draft_head = tiny
+    loaded = dynamic.load("eagle_default+lookup")
+    assert isinstance(loaded, lookup.LookupTree) and loaded.tokens == 10 and loaded.label == "eagle_default+lookup10"
+    assert dynamic.load("eagle2:depth=3+lookup4").base.max_depth == 3
+    for bad in ("eagle_default+lookup0", "+lookup", "eagle_default+lookupx"):
+        with pytest.raises(ValueError, match=r"write TREE\+lookup or TREE\+lookupN"):
+            dynamic.load(bad)
+    decoder = engine.Decoder(target, draft_head, lookup.LookupTree(tree.compile_tree(TREES["wide"])))
+    with pytest.raises(ValueError, match="needs temperature 0"):
+        decoder.generate(PROMPT, 4, 1.0)
