@@ -208,3 +208,16 @@ def test_a_tree_can_carry_its_own_drafter_and_verifier():
     lines = suite.goals([{"label": label, "categories": {"all": {"tokens_per_s": speed}}} for label, speed in
                          (("eagle[eagle_default]", 20.0), ("eagle[eagle2:top_k=3@greedy/greedy]", 25.0))], 1.0)
     assert lines == ["eagle[eagle2:top_k=3@greedy/greedy] / eagle[eagle_default] at T=1: 1.25x (goal >= 1.2x: met)"]
+
+
+def test_eagle_with_lookup_drafts_is_reported_but_not_counted_for_the_goals():
+    def entry(label, speed):
+        return {"label": label, "categories": {"all": {"tokens_per_s": speed}}}
+
+    lines = suite.goals([entry("eagle[eagle_default]", 30.0), entry("eagle[eagle_default+lookup10]", 60.0),
+                         entry("hf_generate", 20.0), entry("prompt_lookup", 40.0)], 0.0)
+    assert lines[0].startswith("eagle[eagle_default+lookup10] (EAGLE with prompt-lookup drafts, not counted")
+    assert lines[1].endswith("60.0 / 40.0 tokens/s = 1.50x")
+    assert lines[2] == ("EAGLE [eagle_default] / hf_generate at T=0: 30.0 / 20.0 tokens/s = 1.50x "
+                        "(goal >= 2.5x: not met)")
+    assert len(lines) == 4
