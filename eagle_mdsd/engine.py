@@ -273,6 +273,7 @@ class Decoder:
         result = GenerationResult(prompt.tolist(), [root], 0)
         self.accepted_ranks = result.accepted_ranks  # the walks append to it
         self.context = prompt.tolist() + [root]  # what prompt lookup searches
+        self.copying, self.copy_cycles = False, 0  # lookup trees: copy cycles (lookup drafts only) so far
         pending = (features, torch.cat([prompt[1:], prompt.new_tensor([root])]))
         while root not in self.eos and result.new_tokens < max_new_tokens:
             if method == "baseline":
@@ -374,6 +375,9 @@ class Decoder:
     def _cycle(self, length, root, pending, temperature, generator):
         device = self.lm_head.weight.device
         self.timer.start()
+        proposal = lookup.continuation(self.context, self.lookup_tokens) if self.lookup_tokens else []
+        if self.copying and proposal:
+            return self._copy_cycle(length, root, pending, proposal)
         # 1. the head catches up on the pairs with true features; its last output is the root's.
         features, tokens = pending
         committed = self.head_cache.layers[0].length
@@ -393,8 +397,8 @@ class Decoder:
             node_tokens, draft_q = self._draft_static(length, root, root_prediction, committed, temperature,
                                                       generator)
             node_drafts = {}
-        if self.lookup_tokens:
-            tree, node_tokens = lookup.graft(tree, node_tokens, lookup.continuation(self.context, self.lookup_tokens))
+        if proposal:
+            tree, node_tokens = lookup.graft(tree, node_tokens, proposal)
             tree_depth, tree_visible = self._buffers(tree)
         keep(self.head_cache, committed, node_tokens[:0])
         self.timer.lap("draft")
@@ -402,17 +406,21 @@ class Decoder:
         visible = torch.cat([torch.ones(tree.size + 1, length, dtype=torch.bool, device=device), tree_visible], 1)
         features = self._target(node_tokens, length + tree_depth, visible)
         self.timer.lap("target")
-        # 4. verify from the root down; logits only for the nodes the walk reaches.
+        # 4. verify from the root down; logits only for the nodes the walk reaches.  With lookup drafts
+        #    (T = 0, long accepted paths) the target's argmax at every node comes from one lm_head pass
+        #    instead: every lossless verifier outputs it at T = 0.  (For the default tree at tau ~2.3 the
+        #    walk's two or three single rows cost about as much as the pass over all 27.)
+        best = self.lm_head(features).argmax(-1).tolist() if self.lookup_tokens else None
         node, accepted = 0, []
         while True:
-            p = warp(self.lm_head(features[node]), temperature)
+            p = None if best is not None else warp(self.lm_head(features[node]), temperature)
             kids = tree.children[node]
             if not kids:
-                bonus = self._sample(p, generator)
+                bonus = best[node] if best is not None else self._sample(p, generator)
                 break
             drafts = node_tokens[list(kids)]
-            if self.lookup_tokens:  # temperature 0: the target's argmax, whoever drafted the children
-                output = int(p.argmax())
+            if best is not None:
+                output = best[node]
             else:  # a dynamic tree's verifier sees the node's whole draft tuple, pruned drafts included
                 output = self.verifier.sample(p, draft_q[node], node_drafts.get(node, drafts), generator)
             match = (drafts == output).nonzero()
@@ -432,5 +440,35 @@ class Decoder:
         path = [0] + accepted
         emitted = [int(node_tokens[n]) for n in accepted] + [bonus]
         pending = (features[path], torch.tensor(emitted, device=device))
+        self.copying = lookup.agreement(emitted, proposal) >= lookup.COPY_MIN
+        self.timer.lap("commit")
+        return emitted, pending
+
+    def _copy_cycle(self, length, root, pending, proposal):
+        """A cycle of prompt-lookup drafts only (temperature 0), while the answer copies a span.
+
+        The head is not run: this cycle's pairs join the pending ones and it catches up on all of them
+        at the next full cycle.  Back to full cycles once fewer than lookup.COPY_MIN drafts agree.
+        """
+        device = self.lm_head.weight.device
+        self.copy_cycles += 1
+        n = len(proposal)
+        node_tokens = torch.tensor([root] + proposal, device=device)
+        chain = torch.ones(n + 1, n + 1, dtype=torch.bool, device=device).tril_()
+        visible = torch.cat([torch.ones(n + 1, length, dtype=torch.bool, device=device), chain], 1)
+        self.timer.lap("draft")
+        features = self._target(node_tokens, torch.arange(length, length + n + 1, device=device), visible)
+        self.timer.lap("target")
+        best = self.lm_head(features).argmax(-1).tolist()
+        accepted = lookup.agreement(best, proposal)
+        emitted = proposal[:accepted] + [best[accepted]]
+        self.timer.lap("verify")
+        eos = next((i for i, token in enumerate(emitted[:-1]) if token in self.eos), None)
+        if eos is not None:
+            return emitted[: eos + 1], None
+        keep(self.target_cache, length + 1, torch.arange(length + 1, length + 1 + accepted, device=device))
+        pending = (torch.cat([pending[0], features[: accepted + 1]]),
+                   torch.cat([pending[1], torch.tensor(emitted, device=device)]))
+        self.copying = accepted >= lookup.COPY_MIN
         self.timer.lap("commit")
         return emitted, pending

@@ -10,6 +10,12 @@ checked twice.  The walk then takes the target's argmax at every node and
 goes on while a child holds it: any tree reproduces greedy decoding that way.
 Lookup drafts come with no draft distribution, so temperatures above 0 are
 refused rather than verified approximately.
+
+While the answer copies a span (a cycle accepted COPY_MIN or more lookup
+drafts), the next cycle is a copy cycle: the target checks the lookup chain
+alone and the head does not run - its pairs wait and the head catches up on
+them at the next full cycle.  That makes a copying cycle as cheap as plain
+prompt lookup's; the first cycle that accepts fewer goes back to full cycles.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import torch
 from .tree import Tree
 
 SUFFIX = "+lookup"
+COPY_MIN = 3  # a cycle that accepts this many lookup drafts makes the next one a copy cycle
 DEFAULT_TOKENS = 10
 NGRAM = 2  # transformers' max_matching_ngram_size default
 
@@ -64,6 +71,16 @@ def continuation(context: list[int], tokens: int, ngram: int = NGRAM) -> list[in
             if context[start : start + n] == suffix:
                 return context[start + n : start + n + tokens]
     return []
+
+
+def agreement(tokens: list[int], proposal: list[int]) -> int:
+    """How many leading tokens agree with the proposal."""
+    count = 0
+    for token, proposed in zip(tokens, proposal):
+        if token != proposed:
+            break
+        count += 1
+    return count
 
 
 def graft(tree: Tree, node_tokens: torch.Tensor, proposal: list[int]) -> tuple[Tree, torch.Tensor]:

@@ -63,3 +63,24 @@ def test_lookup_trees_load_by_name_and_refuse_sampling(tiny):
     decoder = engine.Decoder(target, draft_head, lookup.LookupTree(tree.compile_tree(TREES["wide"])))
     with pytest.raises(ValueError, match="needs temperature 0"):
         decoder.generate(PROMPT, 4, 1.0)
+
+
+def test_copy_cycles_leave_the_head_to_catch_up_on_every_pair_once(tiny, monkeypatch):
+    target, draft_head = tiny
+    decoder = engine.Decoder(target, draft_head, lookup.LookupTree(tree.compile_tree(TREES["wide"]), 6))
+    catch_up_positions = []
+    real_head = decoder._head
+
+    def recording_head(features, tokens, positions, visible):
+        # catch-up calls: consecutive positions (or one); the wide tree's drafting call: two equal ones
+        if len(positions) == 1 or positions[0] != positions[-1]:
+            catch_up_positions.append(positions.tolist())
+        return real_head(features, tokens, positions, visible)
+
+    monkeypatch.setattr(decoder, "_head", recording_head)
+    result = decoder.generate(PROMPT, 40, 0.0)
+    assert result.token_ids == engine.Decoder(target).generate(PROMPT, 40, method="baseline").token_ids
+    assert decoder.copy_cycles > 0
+    flat = [position for call in catch_up_positions for position in call]
+    # every pair (f_i, x_{i+1}) enters the head once, at position i + 1, in order, copy cycles included
+    assert flat == list(range(1, len(flat) + 1)) and len(flat) >= len(PROMPT) + 20
