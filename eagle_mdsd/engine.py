@@ -17,6 +17,10 @@ last cycle are pending.  One cycle:
 5. the accepted nodes' KV entries are moved next to the root in place
    (both caches are preallocated), and the bonus becomes the next root.
 
+A lookup tree (lookup.py, T = 0) grafts prompt-lookup tokens onto the tree
+after step 2 and takes the target's argmax in step 4; its copy cycles skip
+steps 1-2 and check the lookup chain alone, leaving their pairs pending.
+
 Tokens per cycle = accepted drafts + 1; tau = new tokens / cycles, where
 cycles counts target verification forwards (the prefill excluded) and new
 tokens include the one sampled from the prefill.
