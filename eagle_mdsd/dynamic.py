@@ -123,11 +123,15 @@ def check_pair(spec: DynamicTree, drafter: str) -> None:
         raise ValueError(f"spechub draws 2 children per node: use --top-k 2 with it (got {spec.top_k})")
 
 
-def draw_children(q: torch.Tensor, k: int, scheme, generator=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's k drafts [F, k] and their scores [F, k] (log q; -inf for a repeated draft, never kept)."""
+def draw_children(q: torch.Tensor, k: int, scheme, generator=None, ids=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's k drafts [F, k] and their scores [F, k] (log q; -inf for a repeated draft, never kept).
+
+    ids: the vocabulary id of each column of q, when q covers only part of the vocabulary."""
     scheme = drafting.get(scheme)
     drafts = scheme.sample_batch(q, min(k, q.shape[-1]) if scheme.name == "topk" else k, generator)
     probs = q.gather(-1, drafts)
+    if ids is not None:
+        drafts = ids[drafts]
     if scheme.name == "greedy":  # the sampled child stands for all the mass outside the top k-1
         probs[:, -1] = (1.0 - probs[:, :-1].sum(-1)).clamp_min(0.0)
     repeated = (drafts.unsqueeze(-1) == drafts.unsqueeze(-2)).tril(-1).any(-1)
@@ -182,19 +186,22 @@ def select(candidates: Candidates, nodes: int) -> tuple[static_trees.Tree, list[
     return tree, [0] + [by_path[p] for p in tree.paths]
 
 
-def grow(spec: DynamicTree, root: int, root_q: torch.Tensor, expand, scheme="topk", generator=None):
-    """Grow the candidates; expand(frontier, candidates) -> q rows [F, V] of the frontier's children.
+def grow(spec: DynamicTree, root: int, root_q: tuple, expand, scheme="topk", generator=None):
+    """Grow the candidates; expand(frontier, candidates) -> (q [F, D], ids): the draft distributions of
+    the frontier's children over the tokens `ids` [D] (None: the whole vocabulary); root_q: the
+    root's (q [D], ids).
 
-    Returns the candidates, q of every expanded candidate and its full draft tuple (for the verifier).
+    Returns the candidates, (q, ids) of every expanded candidate and its full draft tuple (for the
+    verifier).
     """
     candidates = Candidates(root)
     expanded, drafted = {0: root_q}, {}
-    frontier, q = [0], root_q[None]
+    frontier, (q, ids) = [0], (root_q[0][None], root_q[1])
     for depth in range(spec.max_depth):
         if depth > 0:
-            q = expand(frontier, candidates)
-            expanded.update(zip(frontier, q))
-        drafts, scores = draw_children(q, spec.top_k, scheme, generator)
+            q, ids = expand(frontier, candidates)
+            expanded.update((node, (row, ids)) for node, row in zip(frontier, q))
+        drafts, scores = draw_children(q, spec.top_k, scheme, generator, ids)
         children = []
         for row, parent in enumerate(frontier):
             drafted[parent] = drafts[row]

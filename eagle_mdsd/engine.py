@@ -102,6 +102,11 @@ def warp(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return torch.softmax(logits.float() / temperature, -1)
 
 
+def first_argmax(logits: torch.Tensor) -> list[int]:
+    """Each row's argmax (the first maximal index, as argmax): max() is several times faster on bf16."""
+    return logits.max(-1).indices.tolist()
+
+
 class PhaseTimer:
     """Seconds per phase of the decoding loop (draft, target, verify, commit), when enabled.
 
@@ -308,13 +313,29 @@ class Decoder:
     def _sample(self, p, generator) -> int:
         return int(drafting.draw(p, 1, generator)[0])
 
-    def _draft_distribution(self, predicted, temperature):
+    def _draft_distribution(self, predicted, temperature, support: int = 1):
+        """(q, ids): each row's draft distribution over the draft vocabulary [F, D] and the vocabulary
+        id of each column (ids None: q covers the whole vocabulary).
+
+        The schemes draw from the compact q (a few times cheaper than from the full one; the tokens
+        outside have q = 0 and are never drawn) unless a row has fewer than `support` tokens with
+        mass: the schemes' fill convention then picks tokens outside, so that call gets the full q.
+        """
         scale = temperature if temperature > 0 else 1.0
         if self.draft_rows is None:
-            return torch.softmax(self.lm_head(predicted).float() / scale, -1)
+            return torch.softmax(self.lm_head(predicted).float() / scale, -1), None
         logits = torch.nn.functional.linear(predicted, self.draft_weight, self.draft_bias).float()
-        q = torch.zeros(predicted.shape[:-1] + self.lm_head.weight.shape[:1], device=logits.device)
-        return q.index_copy_(-1, self.draft_rows, torch.softmax(logits / scale, -1))
+        q = torch.softmax(logits / scale, -1)
+        if support > 1 and bool(((q > 0).sum(-1) < support).any()):
+            return self.vocabulary_q(q, self.draft_rows), None
+        return q, self.draft_rows
+
+    def vocabulary_q(self, q, ids):
+        """A compact q from _draft_distribution over the whole vocabulary (0 outside the draft vocabulary)."""
+        if ids is None:
+            return q
+        full = torch.zeros(q.shape[:-1] + self.lm_head.weight.shape[:1], device=q.device)
+        return full.index_copy_(-1, ids, q)
 
     def _draft_static(self, length, root, root_prediction, committed, temperature, generator):
         """Level by level, each internal node's children drawn by the drafter from its q."""
@@ -337,13 +358,17 @@ class Decoder:
                 inputs = torch.stack([predicted[tree.parent[node]] for node in parents])
                 outputs = self._head(inputs, node_tokens[rows], torch.full_like(rows, length + depth), visible)
                 predicted.update(zip(parents, outputs))
-            q = self._draft_distribution(torch.stack([predicted[node] for node in parents]), temperature)
-            for count in sorted({len(tree.children[node]) for node in parents}):
-                group = [i for i, node in enumerate(parents) if len(tree.children[node]) == count]
+            counts = [len(tree.children[node]) for node in parents]
+            q, ids = self._draft_distribution(torch.stack([predicted[node] for node in parents]), temperature,
+                                              max(counts))
+            for count in sorted(set(counts)):
+                group = [i for i, c in enumerate(counts) if c == count]
                 drafts = self.scheme.sample_batch(q[group], count, generator)
+                if ids is not None:
+                    drafts = ids[drafts]
                 for row, i in enumerate(group):
                     node = parents[i]
-                    draft_q[node] = q[i]
+                    draft_q[node] = (q[i], ids)
                     node_tokens[list(tree.children[node])] = drafts[row]
         return node_tokens, draft_q
 
@@ -366,10 +391,10 @@ class Decoder:
             positions = torch.full_like(tokens, length + candidates.depth[frontier[0]])
             outputs = self._head(inputs, tokens, positions, visible)
             predicted.update(zip(frontier, outputs))
-            return self._draft_distribution(outputs, temperature)
+            return self._draft_distribution(outputs, temperature, self.tree.top_k)
 
-        root_q = self._draft_distribution(root_prediction[None], temperature)[0]
-        candidates, expanded, drafted = dynamic.grow(self.tree, root, root_q, expand, self.scheme, generator)
+        q, ids = self._draft_distribution(root_prediction[None], temperature, self.tree.top_k)
+        candidates, expanded, drafted = dynamic.grow(self.tree, root, (q[0], ids), expand, self.scheme, generator)
         tree, chosen = dynamic.select(candidates, self.tree.nodes)
         node_tokens = torch.tensor([candidates.token[c] for c in chosen], device=device)
         internal = [(node, c) for node, c in enumerate(chosen) if tree.children[node]]
@@ -410,14 +435,14 @@ class Decoder:
         visible = torch.cat([torch.ones(tree.size + 1, length, dtype=torch.bool, device=device), tree_visible], 1)
         features = self._target(node_tokens, length + tree_depth, visible)
         self.timer.lap("target")
-        # 4. verify from the root down; logits only for the nodes the walk reaches.  With lookup drafts
-        #    (T = 0, long accepted paths) the target's argmax at every node comes from one lm_head pass
-        #    instead: every lossless verifier outputs it at T = 0.  (For the default tree at tau ~2.3 the
-        #    walk's two or three single rows cost about as much as the pass over all 27.)
-        best = self.lm_head(features).argmax(-1).tolist() if self.lookup_tokens else None
+        # 4. verify from the root down.  One lm_head pass over the whole tree: it reads the weights once,
+        #    as a single row does (the pass is memory-bound), and the walk needs two or three rows.  At
+        #    T = 0 every lossless verifier outputs the target's argmax, so the walk follows it.
+        logits = self.lm_head(features)
+        best = first_argmax(logits) if temperature == 0 else None
         node, accepted = 0, []
         while True:
-            p = None if best is not None else warp(self.lm_head(features[node]), temperature)
+            p = None if best is not None else warp(logits[node], temperature)
             kids = tree.children[node]
             if not kids:
                 bonus = best[node] if best is not None else self._sample(p, generator)
@@ -426,7 +451,8 @@ class Decoder:
             if best is not None:
                 output = best[node]
             else:  # a dynamic tree's verifier sees the node's whole draft tuple, pruned drafts included
-                output = self.verifier.sample(p, draft_q[node], node_drafts.get(node, drafts), generator)
+                q = self.vocabulary_q(*draft_q[node])
+                output = self.verifier.sample(p, q, node_drafts.get(node, drafts), generator)
             match = (drafts == output).nonzero()
             self.accepted_ranks.append(int(match[0]) if len(match) else -1)
             if len(match) == 0:
@@ -463,7 +489,7 @@ class Decoder:
         self.timer.lap("draft")
         features = self._target(node_tokens, torch.arange(length, length + n + 1, device=device), visible)
         self.timer.lap("target")
-        best = self.lm_head(features).argmax(-1).tolist()
+        best = first_argmax(self.lm_head(features))
         accepted = lookup.agreement(best, proposal)
         emitted = proposal[:accepted] + [best[accepted]]
         self.timer.lap("verify")

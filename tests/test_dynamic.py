@@ -103,7 +103,7 @@ def _grown(seed: int, spec: dynamic.DynamicTree, vocab: int = 6):
     def random_q(rows):
         return torch.softmax(3 * torch.randn(rows, vocab, generator=gen, dtype=torch.float64), -1)
 
-    return dynamic.grow(spec, 0, random_q(1)[0], lambda frontier, _: random_q(len(frontier)))
+    return dynamic.grow(spec, 0, (random_q(1)[0], None), lambda frontier, _: (random_q(len(frontier)), None))
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -119,7 +119,7 @@ def test_the_chosen_tree_maximises_expected_length_among_the_candidates(seed):
     assert sum(probability[c] for c in chosen[1:]) == pytest.approx(best, abs=1e-12)
     for node, kids in enumerate(tree.children):  # topk children: the parent's most probable tokens, in order
         if kids:
-            q = expanded[chosen[node]]
+            q, _ = expanded[chosen[node]]
             tokens = [candidates.token[chosen[k]] for k in kids]
             assert tokens == torch.sort(q, descending=True, stable=True).indices[: len(kids)].tolist()
 

@@ -76,16 +76,23 @@ def test_first_three_tokens_follow_the_target_exactly(tiny, scheme, verifier, tr
     assert chi_square_p_value(empirical_first_three(decoder, 1.0), exact) > P_VALUE
 
 
-@pytest.mark.parametrize("scheme, verifier", [("with_replacement", "rrs_w"), ("with_replacement", "kseq"),
-                                             ("without_replacement", "rrs_wo"), ("greedy", "greedy")])
-def test_a_reduced_draft_vocabulary_stays_exact(tiny, scheme, verifier):
-    # q lives on 2 of the 4 tokens: drafts outside it come only from the fill convention
+REDUCED = [("with_replacement", "rrs_w", "wide"), ("with_replacement", "kseq", "wide"),
+           ("without_replacement", "rrs_wo", "wide"), ("greedy", "greedy", "wide"),
+           ("with_replacement", "rrs_w", "binary2"), ("without_replacement", "rrs_wo", "binary2")]
+
+
+@pytest.mark.parametrize("scheme, verifier, tree_name", REDUCED, ids=["-".join(c) for c in REDUCED])
+def test_a_reduced_draft_vocabulary_stays_exact(tiny, scheme, verifier, tree_name):
+    # q lives on 2 of the 4 tokens.  wide: the root's 3 drafts need the fill convention, so that level
+    # draws from the whole vocabulary and the next from the 2 tokens; binary2: every level from the 2.
     target, draft_head = tiny
     draft_head.draft_vocab = [2, 0, 3, 1]
     try:
-        decoder = engine.Decoder(target, draft_head, tree.compile_tree(TREES["wide"]), scheme, verifier,
+        decoder = engine.Decoder(target, draft_head, tree.compile_tree(TREES[tree_name]), scheme, verifier,
                                  draft_vocab=2)
-        q = decoder._draft_distribution(torch.randn(3, target.config.hidden_size, dtype=target.dtype), 1.0)
+        q, ids = decoder._draft_distribution(torch.randn(3, target.config.hidden_size, dtype=target.dtype), 1.0)
+        assert ids.tolist() == [0, 2]
+        q = decoder.vocabulary_q(q, ids)
         assert torch.equal(q[:, [1, 3]], torch.zeros(3, 2)) and torch.allclose(q.sum(-1), torch.ones(3))
         exact = exact_first_three(target, 1.0)
         assert chi_square_p_value(empirical_first_three(decoder, 1.0), exact) > P_VALUE
