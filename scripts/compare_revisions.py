@@ -1,0 +1,101 @@
+"""Tokens/s of the decoding engine at an earlier git revision against the working tree, in one process.
+
+Both engines share the target and the head; they answer the same MT-Bench first turns in turn
+(alternating which goes first), so the ratio is free of the machine's drift between runs.
+
+    .venv/bin/python scripts/compare_revisions.py REV [--questions 8] [--temperatures 0 1]
+        [--tree eagle_default] [--max-new-tokens 128] [--name NAME]
+
+Writes evaluation/results/NAME.md (default engine_vs_REV_<date>_<dtype>).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import subprocess
+import sys
+import tarfile
+import tempfile
+from io import BytesIO
+from pathlib import Path
+
+from eagle_mdsd import bench, benchmarks, dynamic, engine, head, models, questions
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def engine_at(revision: str, folder: Path):
+    """The engine module of `revision`, imported as its own package (eagle_mdsd_at_REV)."""
+    archive = subprocess.run(["git", "archive", revision, "eagle_mdsd"], cwd=ROOT, check=True,
+                             capture_output=True).stdout
+    package = f"eagle_mdsd_at_{revision.replace('-', '_').replace('.', '_')}"
+    with tarfile.open(fileobj=BytesIO(archive)) as tar:
+        tar.extractall(folder, filter="data")
+    (folder / "eagle_mdsd").rename(folder / package)
+    sys.path.insert(0, str(folder))
+    return importlib.import_module(f"{package}.engine")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("revision", help="a git revision of this repository (commit, tag, branch)")
+    parser.add_argument("--questions", type=int, default=8, help="MT-Bench first turns, one per 10 question ids")
+    parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    parser.add_argument("--tree", default="eagle_default", help="a static tree of tree_configs/")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--name")
+    args = parser.parse_args()
+    dtype = models.parse_dtype(args.dtype)
+    date = datetime.date.today().isoformat()
+    name = args.name or f"engine_vs_{args.revision}_{date}_{args.dtype}"
+
+    target, tokenizer = models.load_target(None, dtype, "cpu")
+    draft_head = head.load_head(models.DEFAULT_HEAD, target)
+    eos = models.eos_token_ids(target, tokenizer)
+    tree = dynamic.load(args.tree)
+    with tempfile.TemporaryDirectory() as folder:
+        old_engine = engine_at(args.revision, Path(folder))
+        decoders = {args.revision: old_engine.Decoder(target, draft_head, tree, eos_token_ids=eos, draft_vocab="auto"),
+                    "working tree": engine.Decoder(target, draft_head, tree, eos_token_ids=eos, draft_vocab="auto")}
+        chosen = questions.load("mt_bench")[:: 10][: args.questions]
+        prompts = [bench.conversation_ids(tokenizer, [q["turns"][0]], []) for q in chosen]
+        rows = []
+        for temperature in args.temperatures:
+            totals = {label: [0, 0.0, 0] for label in decoders}  # new tokens, seconds, cycles
+            for decoder in decoders.values():  # warm-up
+                decoder.generate(prompts[0], 16, temperature)
+            for i, prompt in enumerate(prompts):
+                order = list(decoders) if i % 2 == 0 else list(reversed(decoders))
+                for label in order:
+                    result = decoders[label].generate(prompt, args.max_new_tokens, temperature, seed=i)
+                    totals[label][0] += result.new_tokens
+                    totals[label][1] += result.wall_time_s
+                    totals[label][2] += result.cycles
+            speed = {label: t[0] / t[1] for label, t in totals.items()}
+            for label, (tokens, _, cycles) in totals.items():
+                rows.append(f"| {temperature:g} | {label} | {tokens} | {tokens / cycles:.2f} | {speed[label]:.1f} | "
+                            f"{speed[label] / speed[args.revision]:.2f}x |")
+            print(rows[-2], rows[-1], sep="\n")
+
+    machine = benchmarks.machine()
+    text = "\n".join([
+        f"# Engine at {args.revision} against the working tree, {date}", "",
+        f"Machine: {machine['cpu']}, {machine['threads']} torch threads, torch {machine['torch']}, {args.dtype}. "
+        f"Embedded default with the shipped head, tree {args.tree}, "
+        f"topk drafter and verifier, draft vocabulary auto; MT-Bench first turns "
+        f"{', '.join(str(q['question_id']) for q in chosen)}, at most {args.max_new_tokens} new tokens, "
+        "both engines in one process answering each question in turn (alternating which goes first).", "",
+        f"Command: `.venv/bin/python scripts/compare_revisions.py {args.revision} --questions {args.questions} "
+        f"--temperatures {' '.join(f'{t:g}' for t in args.temperatures)} --tree {args.tree}`", "",
+        "| T | engine | new tokens | tau | tokens/s | against the revision |",
+        "|---|---|---|---|---|---|", *rows, ""])
+    out = ROOT / "evaluation" / "results" / f"{name}.md"
+    out.write_text(text)
+    print(f"wrote {out.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
