@@ -12,14 +12,15 @@ last cycle are pending.  One cycle:
    from that node's q, and the head runs on the new internal nodes with a
    tree mask (each sees the committed pairs and its ancestors);
 3. the target runs once on [root, all nodes] with the tree mask: p at every node;
-4. from the root down, the verifier picks the output token at each node;
-   if it is a child the walk goes on there, otherwise it is the bonus token;
+4. from the root down, the verifier picks the output token at each node (at
+   T = 0 the target's argmax, which every lossless verifier outputs); if it
+   is a child the walk goes on there, otherwise it is the bonus token;
 5. the accepted nodes' KV entries are moved next to the root in place
    (both caches are preallocated), and the bonus becomes the next root.
 
 A lookup tree (lookup.py, T = 0) grafts prompt-lookup tokens onto the tree
-after step 2 and takes the target's argmax in step 4; its copy cycles skip
-steps 1-2 and check the lookup chain alone, leaving their pairs pending.
+after step 2; its copy cycles skip steps 1-2 and check the lookup chain
+alone, leaving their pairs pending.
 
 Tokens per cycle = accepted drafts + 1; tau = new tokens / cycles, where
 cycles counts target verification forwards (the prefill excluded) and new
