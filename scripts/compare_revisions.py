@@ -22,14 +22,18 @@ from io import BytesIO
 from pathlib import Path
 
 from eagle_mdsd import bench, benchmarks, dynamic, engine, head, models, questions
+from eagle_mdsd.tree import Tree
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def engine_at(revision: str, folder: Path):
     """The engine module of `revision`, imported as its own package (eagle_mdsd_at_REV)."""
-    archive = subprocess.run(["git", "archive", revision, "eagle_mdsd"], cwd=ROOT, check=True,
-                             capture_output=True).stdout
+    run = subprocess.run(["git", "archive", revision, "eagle_mdsd"], cwd=ROOT, capture_output=True)
+    if run.returncode != 0:
+        raise SystemExit(f"error: {revision!r} is not a revision of this repository with an eagle_mdsd package: "
+                         "give a commit, tag or branch (git log --oneline lists them)")
+    archive = run.stdout
     package = f"eagle_mdsd_at_{revision.replace('-', '_').replace('.', '_')}"
     with tarfile.open(fileobj=BytesIO(archive)) as tar:
         tar.extractall(folder, filter="data")
@@ -48,6 +52,19 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--name")
     args = parser.parse_args()
+    if args.questions < 1 or args.max_new_tokens < 1:
+        parser.error("--questions and --max-new-tokens must be at least 1")
+    known = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{args.revision}^{{commit}}"], cwd=ROOT,
+                           capture_output=True)
+    if known.returncode != 0:
+        parser.error(f"{args.revision!r} is not a commit of this repository: give a commit, tag or branch "
+                     "(git log --oneline lists them)")
+    try:
+        tree = dynamic.load(args.tree)
+    except (ValueError, FileNotFoundError) as error:
+        parser.error(str(error))
+    if not isinstance(tree, Tree):  # the two engines' dynamic-tree classes are not the same class
+        parser.error(f"--tree {args.tree}: compare revisions on a static tree (tree_configs/ or chainN)")
     dtype = models.parse_dtype(args.dtype)
     date = datetime.date.today().isoformat()
     name = args.name or f"engine_vs_{args.revision}_{date}_{args.dtype}"
@@ -55,7 +72,6 @@ def main() -> None:
     target, tokenizer = models.load_target(None, dtype, "cpu")
     draft_head = head.load_head(models.DEFAULT_HEAD, target)
     eos = models.eos_token_ids(target, tokenizer)
-    tree = dynamic.load(args.tree)
     with tempfile.TemporaryDirectory() as folder:
         old_engine = engine_at(args.revision, Path(folder))
         decoders = {args.revision: old_engine.Decoder(target, draft_head, tree, eos_token_ids=eos, draft_vocab="auto"),
