@@ -523,19 +523,25 @@ def _prompt_data(out_dir: Path) -> Path:
     raise FileNotFoundError(f"no data stage in {out_dir}: evaluate needs a run with data shards (or trained on one)")
 
 
-def evaluate(out_dir: Path, head_spec, base_model=None, count: int = 16) -> dict:
-    """Teacher-forced top-1 on held-out training prompts (never used by the data stage) and MT-Bench,
-    and tau on the guard prompts."""
-    data = _prompt_data(Path(out_dir))
+def held_out_prompts(data: Path, count: int) -> list[str]:
+    """Up to `count` prompts of a data stage's shuffled list after those its shards answered (none when
+    it answered them all, as for a file of self-written prompts)."""
     info = json.loads((data / "prompts.json").read_text())
     used = len(list(data.glob("shard_*.pt"))) * info.get("shard_size", 256)
     prompts = load_prompts([Path(p) for p in info["sources"]])
     random.Random(info["seed"]).shuffle(prompts)
-    held_out = [p["prompt"] for p in prompts[used : used + count]]
+    return [p["prompt"] for p in prompts[used : used + count]]
+
+
+def evaluate(out_dir: Path, head_spec, base_model=None, count: int = 16) -> dict:
+    """Teacher-forced top-1 on held-out training prompts (never used by the data stage) and MT-Bench,
+    and tau on the guard prompts."""
+    held_out = held_out_prompts(_prompt_data(Path(out_dir)), count)
     target, tokenizer = models.load_target(base_model, torch.bfloat16)
     draft_head = head_module.load_head(head_spec, target)
     mt_bench = [q["turns"][0] for q in questions.load("mt_bench")[:count]]
-    return {"held_out_prompts": count, "top1_held_out": teacher_forced_top1(draft_head, target, tokenizer, held_out),
+    return {"held_out_prompts": len(held_out),
+            "top1_held_out": teacher_forced_top1(draft_head, target, tokenizer, held_out) if held_out else None,
             "top1_mt_bench": teacher_forced_top1(draft_head, target, tokenizer, mt_bench),
             "tau_guard_prompts": guard_tau(draft_head, target, tokenizer)}
 

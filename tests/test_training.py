@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 import torch
@@ -205,6 +206,22 @@ def test_evaluation_takes_held_out_prompts_from_the_runs_trained_on(tmp_path):
     assert training._prompt_data(tmp_path / "other") == tmp_path / "other" / "data"
     with pytest.raises(FileNotFoundError, match="no data stage"):
         training._prompt_data(tmp_path / "empty")
+
+
+def test_held_out_prompts_are_those_the_data_stage_left(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    texts = [f"Tell me fact number {i} about owls." for i in range(5)]
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"prompt": t}) + "\n" for t in texts))
+    (data / "prompts.json").write_text(json.dumps({"sources": [str(tmp_path / "prompts.jsonl")], "seed": 3,
+                                                   "shard_size": 2}))
+    for shard in range(2):
+        (data / f"shard_{shard:05d}.pt").write_bytes(b"")
+    shuffled = list(texts)
+    random.Random(3).shuffle(shuffled)
+    assert training.held_out_prompts(data, 16) == shuffled[4:]
+    (data / "shard_00002.pt").write_bytes(b"")  # the last prompt answered too: nothing is held out
+    assert training.held_out_prompts(data, 16) == []
 
 
 def test_unrolled_passes_see_what_the_decoders_head_sees():
