@@ -189,7 +189,7 @@ def cmd_bench(args) -> None:
 
     from . import bench, models, questions, report
 
-    chosen = questions.load(args.bench)[args.question_begin : args.question_end]
+    chosen = questions.select(args.bench, args.question_begin, args.question_end)
     # One process unless started by `accelerate launch` (GPUs) or `torchrun` (CPU processes, gloo).
     state = PartialState(cpu=args.device == "cpu")
     device = args.device

@@ -23,3 +23,13 @@ def load(bench: str = "mt_bench", path: Path = QUESTION_FILE) -> list[dict]:
         categories = sorted({q["category"] for q in questions})
         raise ValueError(f"unknown bench {bench!r}: use mt_bench, spec_bench or one of {', '.join(categories)}")
     return chosen
+
+
+def select(bench: str, begin: int | None = None, end: int | None = None, path: Path = QUESTION_FILE) -> list[dict]:
+    """Questions begin..end-1 (0-based, as a slice) of `bench`; an empty selection is an error."""
+    every = load(bench, path)
+    chosen = every[begin:end]
+    if not chosen:
+        raise ValueError(f"--question-begin {begin} --question-end {end} selects none of the {len(every)} questions "
+                         f"of {bench}: give 0 <= begin < end <= {len(every)}")
+    return chosen

@@ -149,6 +149,14 @@ def test_spread_takes_questions_round_robin_over_categories():
     assert [q["question_id"] for q in chosen][:3] == [81, 82, 91]
 
 
+def test_question_range_selects_a_slice_and_refuses_an_empty_one():
+    assert [q["question_id"] for q in questions.select("mt_bench", 2, 4)] == [83, 84]
+    assert len(questions.select("writing", None, None)) == len(questions.load("writing"))
+    for begin, end in ((5, 2), (80, 90)):
+        with pytest.raises(ValueError, match=f"--question-begin {begin} --question-end {end} selects none of the 80"):
+            questions.select("mt_bench", begin, end)
+
+
 def test_goals_compare_eagle_with_the_peers():
     def entry(label, speed):
         return {"label": label, "categories": {"all": {"tokens_per_s": speed}}}
