@@ -29,6 +29,19 @@ def _draft_vocab(text: str):
         raise argparse.ArgumentTypeError(f"expected a number of tokens, 'full' or 'auto', got {text!r}") from None
 
 
+def _count(minimum: int):
+    """argparse type: an integer of at least `minimum`."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+    return parse
+
+
 def _distribution(text: str, what: str) -> list[float]:
     try:
         values = json.loads(text)
@@ -342,7 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--json", action="store_true", help="print one JSON object with the text and the stats")
     gen.set_defaults(fn=cmd_generate)
     greedy = sub.add_parser("check-greedy", help="T=0 token equality with transformers generate, embedded model")
-    greedy.add_argument("--questions", type=int, default=5)
+    greedy.add_argument("--questions", type=_count(1), default=5)
     greedy.add_argument("--max-new-tokens", type=int, default=128)
     greedy.add_argument("--trees", nargs="+", default=["eagle_default", "binary_depth4", "quad_depth3", "chain4",
                                                        "chain6", "eagle2", "opt_tree", "eagle_default+lookup"])
@@ -394,7 +407,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--dtype", default="bfloat16")
     run.add_argument("--device", default="cpu", help="cpu, cuda (one GPU per process under accelerate launch), auto")
-    run.add_argument("--turns", type=int, default=None, help="answer only the first N turns (default: all)")
+    run.add_argument("--turns", type=_count(0), default=None, help="answer only the first N turns (default or 0: all)")
     run.add_argument("--profile", action="store_true", help="record where each cycle's time goes")
     run.add_argument("--model-id", default=None)
     run.add_argument("--answer-file", default=None)
@@ -410,7 +423,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep.set_defaults(fn=cmd_report)
     suite_parser = sub.add_parser("benchmark", help="the embedded-default MT-Bench benchmark: every method, report")
     suite_parser.add_argument("--bench", default="mt_bench")
-    suite_parser.add_argument("--questions", type=int, default=8, help="questions, spread over the categories")
+    suite_parser.add_argument("--questions", type=_count(1), default=8, help="questions, spread over the categories")
     suite_parser.add_argument("--all", action="store_true", help="every question of --bench")
     suite_parser.add_argument("--temperatures", default="0,1")
     suite_parser.add_argument("--methods", default=",".join(METHODS))
@@ -435,8 +448,8 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--temperatures", default="0,0.1,0.6,1")
     sw.add_argument("--pairs", default="all", help="'all' or drafter/verifier,... e.g. topk/topk,greedy/greedy")
     sw.add_argument("--bench", default="mt_bench")
-    sw.add_argument("--questions", type=int, default=8)
-    sw.add_argument("--turns", type=int, default=1, help="turns per question (0: all)")
+    sw.add_argument("--questions", type=_count(1), default=8)
+    sw.add_argument("--turns", type=_count(0), default=1, help="turns per question (0: all)")
     sw.add_argument("--max-new-tokens", type=int, default=64)
     sw.add_argument("--dtype", default="bfloat16")
     sw.add_argument("--device", default="cpu")

@@ -157,6 +157,17 @@ def test_question_range_selects_a_slice_and_refuses_an_empty_one():
             questions.select("mt_bench", begin, end)
 
 
+@pytest.mark.parametrize("argv", [["benchmark", "--questions", "0"], ["sweep", "--questions", "-2"],
+                                  ["bench", "--turns", "-1"], ["check-greedy", "--questions", "many"]])
+def test_question_and_turn_counts_are_checked_before_anything_runs(argv, capsys):
+    from eagle_mdsd import cli
+
+    with pytest.raises(SystemExit) as stop:
+        cli.build_parser().parse_args(argv)
+    assert stop.value.code == 2 and f"argument {argv[1]}:" in capsys.readouterr().err
+    assert cli.build_parser().parse_args(["bench", "--turns", "0"]).turns == 0
+
+
 def test_goals_compare_eagle_with_the_peers():
     def entry(label, speed):
         return {"label": label, "categories": {"all": {"tokens_per_s": speed}}}
