@@ -379,7 +379,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--init-from", default=None,
                        help="train stage: start from this run's checkpoint or exported head, not a random head")
     train.add_argument("--max-new-tokens", type=int, default=128, help="response length in the data stage")
-    train.add_argument("--batch-size", type=int, default=16, help="generation batch in the data stage")
+    train.add_argument("--batch-size", type=int, default=128,
+                       help="generation batch in the data stage (on 2 CPU cores 128 answers 1.2x as fast as 32)")
     train.add_argument("--shard-size", type=int, default=256)
     train.add_argument("--mix-reference", action="store_true", help="also train on the datasets' responses")
     train.add_argument("--dtype", default="bfloat16", help="target dtype for the data stage")

@@ -198,7 +198,7 @@ def _generate(target, prompts: list[list[int]], max_new_tokens: int, pad_id: int
 
 
 def make_data(out_dir: Path, prompt_paths, base_model=None, dtype="bfloat16", max_prompts: int | None = None,
-              max_new_tokens: int = 128, batch_size: int = 16, shard_size: int = 256, mix_reference: bool = False,
+              max_new_tokens: int = 128, batch_size: int = 128, shard_size: int = 256, mix_reference: bool = False,
               max_prompt_tokens: int = 384, seed: int = 0, max_minutes: float | None = None) -> list[Path]:
     data_dir = Path(out_dir) / "data"
     data_dir.mkdir(parents=True, exist_ok=True)
