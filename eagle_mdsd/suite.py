@@ -6,13 +6,18 @@ lookup, question by question in turn (so slow drifts of a noisy machine hit
 every method alike), into one answer file per method and temperature; then it
 writes the report with the speedups and the issue's goals.  `sweep` answers a
 question set with every (tree, drafter, verifier, temperature) cell.  Both
-resume from their answer files.
+resume from their answer files, and only when those were made the same way:
+the answer folder's settings.json records the head (a checksum of its files),
+dtype, trees, pair, draft vocabulary, seed and length, and a rerun with other
+settings under the same name is refused.
 """
 
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
+import os
 import re
 from pathlib import Path
 
@@ -82,6 +87,33 @@ def spread(chosen: list[dict], count: int | None) -> list[dict]:
     return sorted(picked, key=lambda q: q["question_id"])
 
 
+def head_checksum(folder: Path) -> str:
+    """sha256 over a head folder's files (names and bytes), so answers name the head that made them."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in Path(folder).iterdir() if p.is_file()):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def check_settings(folder: Path, settings: dict) -> None:
+    """Record how folder's answers are made (settings.json), or refuse to resume answers made otherwise."""
+    record = Path(folder) / "settings.json"
+    if record.exists():
+        made = json.loads(record.read_text())
+        changed = [f"{key} {made.get(key)} -> {value}" for key, value in settings.items() if made.get(key) != value]
+        if changed:
+            raise ValueError(f"{folder} holds answers made with other settings ({'; '.join(changed)}): pass "
+                             f"another --name, or delete the folder to start over")
+        return
+    if any(Path(folder).glob("*.jsonl")):
+        raise ValueError(f"{folder} holds answers without a settings.json, made with unknown settings: pass "
+                         f"another --name, or delete the folder to start over")
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    staging = record.with_suffix(".tmp")
+    staging.write_text(json.dumps(settings, indent=1) + "\n")
+    os.replace(staging, record)
+
+
 def _temperature_tag(temperature: float) -> str:
     return f"t{temperature:g}"
 
@@ -117,6 +149,10 @@ def run_benchmark(out: Path, answers: Path, bench_name: str = "mt_bench", count:
                                                   own_verifier, draft_vocab))
     date = datetime.date.today().isoformat()
     name = name or f"benchmark_{date}_{dtype}"
+    check_settings(Path(answers) / name, {
+        "head": head_checksum(models.DEFAULT_HEAD) if draft_head is not None else None, "dtype": dtype,
+        "bench": bench_name, "max_new_tokens": max_new_tokens, "seed": seed, "trees": [s[0] for s in setups],
+        "drafter": drafter, "verifier": verifier, "draft_vocab": engine.resolve_draft_vocab(draft_head, draft_vocab)})
     files = {(t, label): Path(answers) / name / _file_safe(
         f"{bench_name}-{models.EMBEDDED_NAME}-{label}-{_temperature_tag(t)}.jsonl")
         for t in temperatures for label in runners if t == 0 or lookup.SUFFIX not in label}  # lookup: T = 0 only

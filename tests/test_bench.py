@@ -240,3 +240,26 @@ def test_eagle_with_lookup_drafts_is_reported_but_not_counted_for_the_goals():
     assert lines[2] == ("EAGLE [eagle_default] / hf_generate at T=0: 30.0 / 20.0 tokens/s = 1.50x "
                         "(goal >= 2.5x: not met)")
     assert len(lines) == 4
+
+
+def test_a_benchmark_resumes_only_answers_made_with_the_same_settings(tmp_path):
+    folder = tmp_path / "benchmark_x"
+    settings = {"head": suite.head_checksum(models.DEFAULT_HEAD), "dtype": "bfloat16", "trees": ["eagle_default"]}
+    suite.check_settings(folder, settings)  # first run: records them
+    (folder / "mt_bench-eagle-t0.jsonl").write_text("{}\n")
+    suite.check_settings(folder, dict(settings))  # same settings: resumes
+    with pytest.raises(ValueError, match="other settings.*head .* -> 0123.*another --name"):
+        suite.check_settings(folder, settings | {"head": "0123"})
+    with pytest.raises(ValueError, match="dtype bfloat16 -> float32"):
+        suite.check_settings(folder, settings | {"dtype": "float32"})
+    (folder / "settings.json").unlink()  # answers of unknown origin are not resumed either
+    with pytest.raises(ValueError, match="without a settings.json"):
+        suite.check_settings(folder, settings)
+
+
+def test_the_head_checksum_changes_with_any_file_of_the_head(tmp_path):
+    for name in ("config.json", "model.safetensors"):
+        (tmp_path / name).write_bytes(b"x")
+    before = suite.head_checksum(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(b"y")
+    assert suite.head_checksum(tmp_path) != before
