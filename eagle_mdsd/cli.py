@@ -29,6 +29,13 @@ def _draft_vocab(text: str):
         raise argparse.ArgumentTypeError(f"expected a number of tokens, 'full' or 'auto', got {text!r}") from None
 
 
+def _train_draft_vocab(text: str):
+    value = _draft_vocab(text)
+    if value == "auto":
+        raise argparse.ArgumentTypeError("train-head takes a number of tokens or 'full', not 'auto'")
+    return value
+
+
 def _count(minimum: int):
     """argparse type: an integer of at least `minimum`."""
     def parse(text: str) -> int:
@@ -184,7 +191,7 @@ def cmd_train_head(args) -> None:
         state = training.train(out, args.base_model, args.epochs, args.lr, args.tokens_per_batch,
                                max_minutes=args.max_minutes, seed=args.seed, device=args.device,
                                data_from=args.data_from, unroll=args.unroll, init_from=args.init_from,
-                               token_weight=args.token_weight)
+                               token_weight=args.token_weight, draft_vocab=args.train_draft_vocab)
         recent = state["log"][-20:]
         if recent:
             print(f"step {state['step']}: loss {sum(r['loss'] for r in recent) / len(recent):.4f}, "
@@ -376,6 +383,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="train stage: draft depths trained on the head's own predictions (1: EAGLE-1's loss)")
     train.add_argument("--token-weight", type=float, default=0.1,
                        help="train stage: weight of the cross-entropy term against the feature term (EAGLE: 0.1)")
+    train.add_argument("--draft-vocab", dest="train_draft_vocab", type=_train_draft_vocab, default=None,
+                       help="train stage: score the cross-entropy over the N most frequent answer tokens only, the "
+                            "vocabulary the decoder drafts from (8192: a step 3-6x faster on the embedded default); "
+                            "'full' (default) scores all tokens")
     train.add_argument("--init-from", default=None,
                        help="train stage: start from this run's checkpoint or exported head, not a random head")
     train.add_argument("--max-new-tokens", type=int, default=128, help="response length in the data stage")

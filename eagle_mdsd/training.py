@@ -362,18 +362,34 @@ def head_loss(draft_head, embed, lm_head, features, tokens, targets, mask, noise
     return total, accuracy
 
 
+def draft_vocab_lm_head(lm_head, rows: torch.Tensor):
+    """The target's output layer over `rows` only: logits over the draft vocabulary the decoder drafts from.
+
+    With it the cross-entropy term compares the head with the target's distribution renormalised over those
+    tokens (the decoder's q is 0 outside them anyway), and skips most of the full-vocabulary logits that
+    dominate a training step on a small target."""
+    weight = lm_head.weight[rows].detach()
+    bias = None if getattr(lm_head, "bias", None) is None else lm_head.bias[rows].detach()
+    return lambda hidden: torch.nn.functional.linear(hidden, weight, bias)
+
+
 def train(out_dir: Path, base_model=None, epochs: float = 1.0, lr: float = 5e-4, tokens_per_batch: int = 4096,
           save_every: int = 100, max_minutes: float | None = None, seed: int = 0, bf16: bool = True,
-          device: str = "cpu", data_from=(), unroll: int = 1, init_from=None, token_weight: float = 0.1) -> dict:
+          device: str = "cpu", data_from=(), unroll: int = 1, init_from=None, token_weight: float = 0.1,
+          draft_vocab: int | None = None) -> dict:
     """Train (or resume) the run's head; `unroll` > 1 adds the multi-step loss of `head_loss`, `init_from`
     starts from another run's checkpoint or an exported head instead of a random one, `token_weight` weighs the
-    cross-entropy term against the feature term (EAGLE's 0.1)."""
+    cross-entropy term against the feature term (EAGLE's 0.1), `draft_vocab` = N scores the cross-entropy over
+    the N most frequent answer tokens of the data only (the ranking `export` ships; None: the full vocabulary)."""
     out_dir = Path(out_dir)
+    if draft_vocab is not None and draft_vocab < 1:
+        raise ValueError(f"--draft-vocab is {draft_vocab}: pass a token count of 1 or more, or 'full'")
     if unroll < 1:
         raise ValueError(f"--unroll is {unroll}: pass 1 (EAGLE-1's loss) or more (draft depths trained)")
     if token_weight < 0:
         raise ValueError(f"--token-weight is {token_weight}: pass 0 or more (EAGLE's recipe: 0.1)")
     init_from = str(Path(init_from)) if init_from else None
+    vocab_option = "full" if draft_vocab is None else draft_vocab
     data_from = [str(Path(run)) for run in data_from]
     shards = data_shards(out_dir, data_from)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -381,17 +397,21 @@ def train(out_dir: Path, base_model=None, epochs: float = 1.0, lr: float = 5e-4,
     for parameter in target.parameters():
         parameter.requires_grad_(False)
     embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
+    if draft_vocab is not None and draft_vocab < target.config.vocab_size:
+        rows = rank_tokens(shards, target.config.vocab_size)[:draft_vocab]
+        lm_head = draft_vocab_lm_head(lm_head, torch.tensor(sorted(rows), device=device))
     draft_head = head_module.random_head(target, seed).float().train()
     if init_from:
         draft_head.load_state_dict(_trained_weights(Path(init_from), target))
     optimizer = torch.optim.AdamW(draft_head.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     checkpoint = out_dir / "checkpoint.pt"
     state = {"step": 0, "epoch": 0, "batch_in_epoch": 0, "seed": seed, "data_from": data_from, "unroll": unroll,
-             "init_from": init_from, "token_weight": token_weight, "log": []}
+             "init_from": init_from, "token_weight": token_weight, "draft_vocab": vocab_option, "log": []}
     if checkpoint.exists():
         saved = torch.load(checkpoint, weights_only=False)
         for name, value, default in (("seed", seed, 0), ("data_from", data_from, []), ("unroll", unroll, 1),
-                                     ("init_from", init_from, None), ("token_weight", token_weight, 0.1)):
+                                     ("init_from", init_from, None), ("token_weight", token_weight, 0.1),
+                                     ("draft_vocab", vocab_option, "full")):
             trained_with = saved["state"].get(name, default)
             if trained_with != value:
                 option = "--" + name.replace("_", "-")

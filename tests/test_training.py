@@ -67,6 +67,28 @@ def test_the_token_weight_scales_the_cross_entropy_term():
     assert loss[0.1] - loss[0.0] == pytest.approx(0.1 * token_term, rel=1e-4)  # EAGLE's default weight
 
 
+def test_the_draft_vocabulary_loss_is_the_cross_entropy_over_those_tokens():
+    target = tiny_target(vocab=32, hidden=32)
+    draft_head = head.random_head(target, seed=1)
+    torch.manual_seed(0)
+    ids = torch.randint(32, (2, 12))
+    with torch.no_grad():
+        feats = target.get_decoder()(ids).last_hidden_state
+    samples = [{"ids": ids[i].int(), "start": 3, "features": feats[i].float()} for i in range(2)]
+    features, tokens, targets, mask = [t.double() if t.is_floating_point() else t
+                                       for t in training._collate(samples, 32)]
+    embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
+    rows = torch.tensor([1, 4, 5, 9, 17, 30])
+    restricted = training.draft_vocab_lm_head(lm_head, rows)
+    with torch.no_grad():
+        loss = {w: float(training.head_loss(draft_head, embed, restricted, features, tokens, targets, mask,
+                                            noise=0.0, token_weight=w)[0]) for w in (0.0, 1.0)}
+        predicted = training.unrolled_predictions(draft_head, features, embed(tokens).double())[0]
+        p = torch.softmax(lm_head(targets[mask])[:, rows], -1)  # the target's distribution over the rows
+        log_q = torch.log_softmax(lm_head(predicted[mask])[:, rows], -1)
+    assert loss[1.0] - loss[0.0] == pytest.approx(float(-(p * log_q).sum(-1).mean()), rel=1e-6)
+
+
 def test_missing_prompt_file_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         training.load_prompts([tmp_path / "nope.json"])
@@ -271,6 +293,14 @@ def test_multi_step_training_from_a_trained_head(tmp_path):
     with pytest.raises(ValueError, match="--token-weight 0.1, not 1.0"):
         training.train(tmp_path / "tuned", model, data_from=[tmp_path / "own"], unroll=3, token_weight=1.0,
                        init_from=tmp_path / "first", **settings)
+    vocab = training.train(tmp_path / "vocab", model, data_from=[tmp_path / "own"], lr=1e-2, epochs=3,
+                           draft_vocab=40, init_from=tmp_path / "first", tokens_per_batch=48, bf16=False)
+    assert vocab["draft_vocab"] == 40 and vocab["log"][-1]["loss"] < vocab["log"][0]["loss"]
+    with pytest.raises(ValueError, match="--draft-vocab 40, not full"):
+        training.train(tmp_path / "vocab", model, data_from=[tmp_path / "own"], init_from=tmp_path / "first",
+                       **settings)
+    with pytest.raises(ValueError, match="--draft-vocab is 0"):
+        training.train(tmp_path / "zero", model, data_from=[tmp_path / "own"], draft_vocab=0, **settings)
     with pytest.raises(FileNotFoundError, match="--init-from"):
         training.train(tmp_path / "other", model, data_from=[tmp_path / "own"], init_from=tmp_path / "nothing",
                        **settings)
