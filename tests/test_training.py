@@ -89,6 +89,18 @@ def test_the_draft_vocabulary_loss_is_the_cross_entropy_over_those_tokens():
     assert loss[1.0] - loss[0.0] == pytest.approx(float(-(p * log_q).sum(-1).mean()), rel=1e-6)
 
 
+def test_train_head_takes_a_draft_vocabulary_size_or_full(capsys):
+    from eagle_mdsd import cli
+
+    parse = cli.build_parser().parse_args
+    assert parse(["train-head", "train", "--draft-vocab", "8192"]).train_draft_vocab == 8192
+    assert parse(["train-head", "train", "--draft-vocab", "full"]).train_draft_vocab is None
+    assert parse(["train-head", "train"]).train_draft_vocab is None  # the default: as heads 1-7 were trained
+    with pytest.raises(SystemExit):
+        parse(["train-head", "train", "--draft-vocab", "auto"])
+    assert "not 'auto'" in capsys.readouterr().err
+
+
 def test_missing_prompt_file_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         training.load_prompts([tmp_path / "nope.json"])
