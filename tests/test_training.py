@@ -27,16 +27,23 @@ def test_training_prompts_never_contain_benchmark_questions(tmp_path):
         assert len(prompts) > 10000
 
 
-def test_a_few_training_steps_lower_the_loss():
+def _tiny_batch():
+    """A tiny target (vocabulary 32), a random head over it, and a collated float64 batch of two sequences."""
     target = tiny_target(vocab=32, hidden=32)
-    draft_head = head.random_head(target, seed=1).train()
-    optimizer = torch.optim.AdamW(draft_head.parameters(), lr=3e-3, betas=(0.9, 0.95))
+    draft_head = head.random_head(target, seed=1)
     torch.manual_seed(0)
     ids = torch.randint(32, (2, 12))
     with torch.no_grad():
         feats = target.get_decoder()(ids).last_hidden_state
     samples = [{"ids": ids[i].int(), "start": 3, "features": feats[i].float()} for i in range(2)]
     batch = [t.double() if t.is_floating_point() else t for t in training._collate(samples, 32)]
+    return target, draft_head, batch
+
+
+def test_a_few_training_steps_lower_the_loss():
+    target, draft_head, batch = _tiny_batch()
+    draft_head.train()
+    optimizer = torch.optim.AdamW(draft_head.parameters(), lr=3e-3, betas=(0.9, 0.95))
     losses = []
     for _ in range(40):
         loss, _ = training.head_loss(draft_head, target.get_input_embeddings(), target.get_output_embeddings(),
@@ -50,14 +57,7 @@ def test_a_few_training_steps_lower_the_loss():
 
 
 def test_the_token_weight_scales_the_cross_entropy_term():
-    target = tiny_target(vocab=32, hidden=32)
-    draft_head = head.random_head(target, seed=1)
-    torch.manual_seed(0)
-    ids = torch.randint(32, (2, 12))
-    with torch.no_grad():
-        feats = target.get_decoder()(ids).last_hidden_state
-    samples = [{"ids": ids[i].int(), "start": 3, "features": feats[i].float()} for i in range(2)]
-    batch = [t.double() if t.is_floating_point() else t for t in training._collate(samples, 32)]
+    target, draft_head, batch = _tiny_batch()
     embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
     with torch.no_grad():
         loss = {w: float(training.head_loss(draft_head, embed, lm_head, *batch, noise=0.0, unroll=2,
@@ -68,15 +68,7 @@ def test_the_token_weight_scales_the_cross_entropy_term():
 
 
 def test_the_draft_vocabulary_loss_is_the_cross_entropy_over_those_tokens():
-    target = tiny_target(vocab=32, hidden=32)
-    draft_head = head.random_head(target, seed=1)
-    torch.manual_seed(0)
-    ids = torch.randint(32, (2, 12))
-    with torch.no_grad():
-        feats = target.get_decoder()(ids).last_hidden_state
-    samples = [{"ids": ids[i].int(), "start": 3, "features": feats[i].float()} for i in range(2)]
-    features, tokens, targets, mask = [t.double() if t.is_floating_point() else t
-                                       for t in training._collate(samples, 32)]
+    target, draft_head, (features, tokens, targets, mask) = _tiny_batch()
     embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
     rows = torch.tensor([1, 4, 5, 9, 17, 30])
     restricted = training.draft_vocab_lm_head(lm_head, rows)
