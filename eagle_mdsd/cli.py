@@ -30,10 +30,13 @@ def _draft_vocab(text: str):
 
 
 def _train_draft_vocab(text: str):
-    value = _draft_vocab(text)
-    if value == "auto":
-        raise argparse.ArgumentTypeError("train-head takes a number of tokens or 'full', not 'auto'")
-    return value
+    """train-head's --draft-vocab: a number of tokens or 'full' (None); no 'auto', it trains the ranking."""
+    if text == "full":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of tokens or 'full', got {text!r}") from None
 
 
 def _count(minimum: int):
@@ -384,9 +387,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--token-weight", type=float, default=0.1,
                        help="train stage: weight of the cross-entropy term against the feature term (EAGLE: 0.1)")
     train.add_argument("--draft-vocab", dest="train_draft_vocab", type=_train_draft_vocab, default=None,
-                       help="train stage: score the cross-entropy over the N most frequent answer tokens only, the "
-                            "vocabulary the decoder drafts from (8192: 0.75 s a step on the embedded default, 2.09 s full); "
-                            "'full' (default) scores all tokens")
+                       help="train stage: score the cross-entropy over the N most frequent answer tokens only, "
+                            "the vocabulary the decoder drafts from (8192: 0.75 s a step on the embedded default, "
+                            "2.09 s full); 'full' (default) scores all tokens")
     train.add_argument("--init-from", default=None,
                        help="train stage: start from this run's checkpoint or exported head, not a random head")
     train.add_argument("--max-new-tokens", type=int, default=128, help="response length in the data stage")

@@ -90,7 +90,10 @@ def test_train_head_takes_a_draft_vocabulary_size_or_full(capsys):
     assert parse(["train-head", "train"]).train_draft_vocab is None  # the default: as heads 1-7 were trained
     with pytest.raises(SystemExit):
         parse(["train-head", "train", "--draft-vocab", "auto"])
-    assert "not 'auto'" in capsys.readouterr().err
+    assert "expected a number of tokens or 'full', got 'auto'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse(["train-head", "train", "--draft-vocab", "many"])
+    assert "expected a number of tokens or 'full', got 'many'" in capsys.readouterr().err
 
 
 def test_missing_prompt_file_is_a_clear_error(tmp_path):
