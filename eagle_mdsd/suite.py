@@ -25,8 +25,12 @@ from tqdm import tqdm
 
 from . import bench, dynamic, engine, head, lookup, models, peers, questions, report, verification
 from .benchmarks import machine
+from .tree import Tree
 
 METHODS = ("eagle", "baseline") + peers.METHODS
+# EAGLE's pair at T > 0: sampled drafts beat deterministic top-k ones there (tau 1.97 against 1.60 at T = 1 on
+# eagle_default, evaluation/results/benchmark_2026-11-23_bfloat16_head6.md; and in the sweeps).
+SAMPLING_PAIR = "without_replacement/rrs_wo"
 
 
 def make_runner(method: str, target, tokenizer, draft_head=None, topology=None, drafter="topk",
@@ -67,6 +71,45 @@ def tree_and_pair(entry: str, drafter: str, verifier: str) -> tuple[str, str, st
         raise ValueError(f"tree {entry!r}: write a tree's own pair as TREE@DRAFTER/VERIFIER, "
                          f"e.g. eagle2@greedy/greedy")
     return spec, own_drafter, own_verifier
+
+
+def parse_sampling_pair(text: str, drafter: str, verifier: str) -> tuple[str, str]:
+    """--sampling-pair 'DRAFTER/VERIFIER' (a lossless pair) or 'same' (drafter/verifier) -> (drafter, verifier)."""
+    if text == "same":
+        return drafter, verifier
+    sampled_drafter, slash, sampled_verifier = text.partition("/")
+    if not slash or not sampled_drafter or not sampled_verifier:
+        raise ValueError(f"--sampling-pair {text!r}: write DRAFTER/VERIFIER, e.g. {SAMPLING_PAIR}, or 'same'")
+    verification.check_pair(sampled_drafter, sampled_verifier)
+    return sampled_drafter, sampled_verifier
+
+
+def benchmark_setups(trees, drafter: str, verifier: str, sampled: tuple[str, str]) -> list[tuple]:
+    """(label, topology, {at T > 0: (drafter, verifier)}) per --trees entry: a tree's own pair (TREE@D/V)
+    at every temperature; otherwise drafter/verifier at T = 0 and, on a static tree, `sampled` at T > 0
+    (a dynamic tree grows its children with topk or greedy drafts, so it keeps drafter/verifier)."""
+    setups = []
+    for entry in trees:
+        spec, own_drafter, own_verifier = tree_and_pair(entry, drafter, verifier)
+        topology = dynamic.load(spec)
+        check_fits(topology, own_drafter, own_verifier)
+        own = "" if (own_drafter, own_verifier) == (drafter, verifier) else f"@{own_drafter}/{own_verifier}"
+        pairs = {False: (own_drafter, own_verifier), True: (own_drafter, own_verifier)}
+        if not own and isinstance(topology, Tree):
+            check_fits(topology, *sampled)
+            pairs[True] = sampled
+        setups.append((tree_label(topology) + own, topology, pairs))
+    return setups
+
+
+def sampled_note(result: dict) -> str:
+    """'; at T > 0 (static trees) drafter D, verifier V' when the run sampled with another pair (older runs
+    recorded none)."""
+    pair = result.get("sampling_pair")
+    if pair is None or pair == f"{result['drafter']}/{result['verifier']}":
+        return ""
+    sampled_drafter, sampled_verifier = pair.split("/")
+    return f"; at T > 0 (static trees) drafter {sampled_drafter}, verifier {sampled_verifier}"
 
 
 def _file_safe(text: str) -> str:
@@ -122,54 +165,55 @@ def run_benchmark(out: Path, answers: Path, bench_name: str = "mt_bench", count:
                   temperatures=(0.0, 1.0), methods=METHODS, dtype: str = "bfloat16", device: str = "cpu",
                   max_new_tokens: int = 128, trees=("eagle_default",), drafter: str = "topk",
                   verifier: str = "topk", seed: int = 0, draft_vocab: int | str | None = "auto",
-                  name: str | None = None) -> dict:
+                  name: str | None = None, sampling_pair: str = SAMPLING_PAIR) -> dict:
     """Answer into answers/NAME/, then report into out/NAME.{json,md,_t*.png}; NAME defaults to
-    benchmark_<date>_<dtype>, and a rerun with the same name resumes."""
+    benchmark_<date>_<dtype>, and a rerun with the same name resumes.
+
+    EAGLE drafts with drafter/verifier at T = 0; at T > 0 a static tree without its own pair
+    (TREE@D/V) uses `sampling_pair` ('D/V', or 'same' for drafter/verifier)."""
     for method in methods:
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}: use one of {', '.join(METHODS)}")
-    setups = []  # (label, topology, drafter, verifier) per tree
-    for entry in trees:
-        spec, own_drafter, own_verifier = tree_and_pair(entry, drafter, verifier)
-        topology = dynamic.load(spec)
-        check_fits(topology, own_drafter, own_verifier)
-        own = "" if (own_drafter, own_verifier) == (drafter, verifier) else f"@{own_drafter}/{own_verifier}"
-        setups.append((tree_label(topology) + own, topology, own_drafter, own_verifier))
+    sampled_drafter, sampled_verifier = parse_sampling_pair(sampling_pair, drafter, verifier)
+    setups = benchmark_setups(trees, drafter, verifier, (sampled_drafter, sampled_verifier))
     chosen = spread(questions.load(bench_name), count)
     target, tokenizer = models.load_target(None, models.parse_dtype(dtype), device)
     draft_head = head.load_head(models.DEFAULT_HEAD, target) if "eagle" in methods else None
-    runners = {}  # label -> (method, runner): EAGLE once per tree
+    runners = {}  # label -> (method, {sampled: runner}): EAGLE once per tree (and pair)
     for method in methods:
         if method != "eagle":
-            runners[method] = (method, make_runner(method, target, tokenizer))
+            runner = make_runner(method, target, tokenizer)
+            runners[method] = (method, {False: runner, True: runner})
             continue
-        for tree_name, topology, own_drafter, own_verifier in setups:
+        for tree_name, topology, pairs in setups:
             label = "eagle" if len(setups) == 1 else f"eagle[{tree_name}]"
-            runners[label] = (method, make_runner(method, target, tokenizer, draft_head, topology, own_drafter,
-                                                  own_verifier, draft_vocab))
+            runners[label] = (method, {sampled: make_runner(method, target, tokenizer, draft_head, topology,
+                                                            *pairs[sampled], draft_vocab)
+                                       for sampled in (False, True)})
     date = datetime.date.today().isoformat()
     name = name or f"benchmark_{date}_{dtype}"
     check_settings(Path(answers) / name, {
         "head": head_checksum(models.DEFAULT_HEAD) if draft_head is not None else None, "dtype": dtype,
         "bench": bench_name, "max_new_tokens": max_new_tokens, "seed": seed, "trees": [s[0] for s in setups],
-        "drafter": drafter, "verifier": verifier, "draft_vocab": engine.resolve_draft_vocab(draft_head, draft_vocab)})
+        "drafter": drafter, "verifier": verifier, "draft_vocab": engine.resolve_draft_vocab(draft_head, draft_vocab),
+        "sampling_pair": f"{sampled_drafter}/{sampled_verifier}"})
     files = {(t, label): Path(answers) / name / _file_safe(
         f"{bench_name}-{models.EMBEDDED_NAME}-{label}-{_temperature_tag(t)}.jsonl")
         for t in temperatures for label in runners if t == 0 or lookup.SUFFIX not in label}  # lookup: T = 0 only
     warm = models.chat_prompt_ids(tokenizer, "Hello!")
     for t, label in files:  # one-off costs (allocations, kernels)
         method, runner = runners[label]
-        runner.generate(warm, 16, t, seed, method)
+        runner[t > 0].generate(warm, 16, t, seed, method)
     for question in tqdm(chosen, desc=f"{bench_name}: {len(runners)} methods x {len(temperatures)} temperatures"):
         for (t, label), answer_file in files.items():
             method, runner = runners[label]
-            bench.run(runner, tokenizer, [question], answer_file, f"{models.EMBEDDED_NAME}-{label}",
+            bench.run(runner[t > 0], tokenizer, [question], answer_file, f"{models.EMBEDDED_NAME}-{label}",
                       bench.Settings(method, max_new_tokens, t, seed), warmup=False, progress=False)
     result = {"name": name, "date": date, "machine": machine(), "bench": bench_name,
               "questions": [q["question_id"] for q in chosen],
               "dtype": dtype, "device": device, "max_new_tokens": max_new_tokens,
               "trees": [setup[0] for setup in setups],
-              "drafter": drafter, "verifier": verifier,
+              "drafter": drafter, "verifier": verifier, "sampling_pair": f"{sampled_drafter}/{sampled_verifier}",
               "draft_vocab": engine.resolve_draft_vocab(draft_head, draft_vocab), "temperatures": {}}
     out = Path(out)
     stem = out / name
@@ -221,7 +265,8 @@ def benchmark_markdown(result: dict, stem: str) -> str:
              f"Questions: {result['bench']} {', '.join(map(str, result['questions']))} (both turns), "
              f"at most {result['max_new_tokens']} new tokens per turn; EAGLE: shipped head, tree(s) "
              f"{', '.join(result['trees'])}, "
-             f"drafter {result['drafter']}, verifier {result['verifier']} (TREE@D/V: that tree's own pair), "
+             f"drafter {result['drafter']}, verifier {result['verifier']}"
+             f"{sampled_note(result)} (TREE@D/V: that tree's own pair), "
              f"draft vocabulary "
              f"{result.get('draft_vocab') or 'full'}. Methods ran question by question in turn "
              f"in one process. Speedup = tokens/s over `baseline` (plain autoregressive decoding in the same loop) "

@@ -263,3 +263,51 @@ def test_the_head_checksum_changes_with_any_file_of_the_head(tmp_path):
     before = suite.head_checksum(tmp_path)
     (tmp_path / "model.safetensors").write_bytes(b"y")
     assert suite.head_checksum(tmp_path) != before
+
+
+def test_the_benchmark_samples_static_trees_with_the_sampling_pair_at_t_above_0():
+    setups = suite.benchmark_setups(["eagle_default", "eagle2:total_tokens=10,depth=3,top_k=3",
+                                     "binary_depth4@greedy/greedy"], "topk", "topk",
+                                    ("without_replacement", "rrs_wo"))
+    pairs = {label: pairs for label, _, pairs in setups}
+    assert pairs["eagle_default"] == {False: ("topk", "topk"), True: ("without_replacement", "rrs_wo")}
+    dynamic_label = next(label for label in pairs if label.startswith("eagle2"))
+    assert pairs[dynamic_label] == {False: ("topk", "topk"), True: ("topk", "topk")}  # grown by topk drafts
+    assert pairs["binary_depth4@greedy/greedy"] == {False: ("greedy", "greedy"), True: ("greedy", "greedy")}
+    assert suite.parse_sampling_pair("same", "topk", "topk") == ("topk", "topk")
+    assert suite.parse_sampling_pair("greedy/greedy", "topk", "topk") == ("greedy", "greedy")
+    with pytest.raises(ValueError, match="--sampling-pair 'rrs_wo': write DRAFTER/VERIFIER"):
+        suite.parse_sampling_pair("rrs_wo", "topk", "topk")
+    with pytest.raises(ValueError, match="rrs_wo"):
+        suite.parse_sampling_pair("with_replacement/rrs_wo", "topk", "topk")  # not a lossless pair
+
+
+def test_a_small_benchmark_runs_end_to_end_with_the_sampling_pair(tmp_path, monkeypatch):
+    used = set()  # (method, temperature, drafter, verifier) of every generation
+    make_runner = suite.make_runner
+
+    def recording(method, *args, **kwargs):
+        runner = make_runner(method, *args, **kwargs)
+        generate = runner.generate
+
+        def logged(prompt, max_new_tokens, temperature, *rest, **options):
+            used.add((method, temperature, runner.scheme.name if method == "eagle" else None,
+                      runner.verifier.name if method == "eagle" else None))
+            return generate(prompt, max_new_tokens, temperature, *rest, **options)
+
+        runner.generate = logged
+        return runner
+
+    monkeypatch.setattr(suite, "make_runner", recording)
+    result = suite.run_benchmark(tmp_path / "results", tmp_path / "answers", count=1, temperatures=(0.0, 1.0),
+                                 methods=("eagle", "baseline"), max_new_tokens=8, name="small")
+    assert {u for u in used if u[0] == "eagle"} == {("eagle", 0.0, "topk", "topk"),
+                                                   ("eagle", 1.0, "without_replacement", "rrs_wo")}
+    assert json.loads((tmp_path / "answers" / "small" / "settings.json").read_text())["sampling_pair"] == \
+        "without_replacement/rrs_wo"
+    for tag in ("t0", "t1"):
+        assert [e["label"] for e in result["temperatures"][tag]["entries"]] == ["eagle", "baseline"]
+        assert len((tmp_path / "answers" / "small" / suite._file_safe(f"mt_bench-{models.EMBEDDED_NAME}-eagle-{tag}.jsonl"))
+                   .read_text().splitlines()) == 1
+    text = (tmp_path / "results" / "small.md").read_text()
+    assert "drafter topk, verifier topk; at T > 0 (static trees) drafter without_replacement, verifier rrs_wo" in text
