@@ -187,9 +187,9 @@ def run_benchmark(out: Path, answers: Path, bench_name: str = "mt_bench", count:
             continue
         for tree_name, topology, pairs in setups:
             label = "eagle" if len(setups) == 1 else f"eagle[{tree_name}]"
-            runners[label] = (method, {sampled: make_runner(method, target, tokenizer, draft_head, topology,
-                                                            *pairs[sampled], draft_vocab)
-                                       for sampled in (False, True)})
+            made = {pair: make_runner(method, target, tokenizer, draft_head, topology, *pair, draft_vocab)
+                    for pair in set(pairs.values())}  # one decoder when both temperatures share the pair
+            runners[label] = (method, {sampled: made[pair] for sampled, pair in pairs.items()})
     date = datetime.date.today().isoformat()
     name = name or f"benchmark_{date}_{dtype}"
     check_settings(Path(answers) / name, {

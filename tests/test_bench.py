@@ -181,6 +181,7 @@ def test_cli_methods_are_the_suites():
     from eagle_mdsd import cli
 
     assert tuple(cli.METHODS) == suite.METHODS
+    assert cli.build_parser().parse_args(["benchmark"]).sampling_pair == suite.SAMPLING_PAIR
 
 
 def test_a_killed_run_resumes_without_lost_or_duplicate_questions(tmp_path):
