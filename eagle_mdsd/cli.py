@@ -13,7 +13,7 @@ from pathlib import Path
 # faults took ~40% of the time on our 2-core machine (3.9 s a step against 2.3 s with huge pages).
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
-from . import drafting, theory, verification  # noqa: E402  (imports torch)
+from . import drafting, kernels, theory, verification  # noqa: E402  (imports torch)
 
 METHODS = ["eagle", "baseline", "hf_generate", "prompt_lookup"]
 DRAFT_VOCAB_HELP = ("draft over the head's N most frequent tokens (FR-Spec; q is 0 elsewhere, still exact): N, "
@@ -136,7 +136,7 @@ def _runner(args, device=None):
         draft_head = (head.random_head(target, seed=args.seed) if args.ea_model == "random"
                       else head.load_head(args.ea_model or models.DEFAULT_HEAD, target))
     return suite.make_runner(args.method, target, tokenizer, draft_head, topology, args.drafter, args.verifier,
-                             args.draft_vocab), tokenizer
+                             args.draft_vocab, args.kernels), tokenizer
 
 
 def _print_profile(profile: dict, cycles: int) -> None:
@@ -264,7 +264,7 @@ def cmd_benchmark(args) -> None:
                                  _floats(args.temperatures, "temperatures"), args.methods.split(","), args.dtype,
                                  args.device, args.max_new_tokens, args.trees,
                                  args.drafter, args.verifier, args.seed, args.draft_vocab, args.name,
-                                 args.sampling_pair)
+                                 args.sampling_pair, args.kernels)
     stem = Path(args.out) / result["name"]
     print(stem.with_suffix(".md").read_text())
     print(f"wrote {stem}.md, .json and the charts")
@@ -313,7 +313,7 @@ def cmd_sweep(args) -> None:
             raise ValueError("--pairs must be 'all' or drafter/verifier pairs such as topk/topk,greedy/greedy")
     md = suite.sweep(Path(args.out), Path(args.answers), args.trees, _floats(args.temperatures,
                      "temperatures"), pairs, args.bench, args.questions, args.turns or None, args.max_new_tokens,
-                     args.dtype, args.device, args.seed, args.name, args.draft_vocab)
+                     args.dtype, args.device, args.seed, args.name, args.draft_vocab, args.kernels)
     print(md.read_text())
 
 
@@ -331,6 +331,13 @@ def _add_tree_options(parser) -> None:
     parser.add_argument("--threshold", type=float, default=None,
                         help="opt_tree: stop growing when a level adds less expected length (0.1)")
     parser.add_argument("--max-depth", type=int, default=None, help="opt_tree: most draft levels (10)")
+
+
+def _add_kernels_option(parser) -> None:
+    parser.add_argument("--kernels", default="auto", choices=kernels.CHOICES,
+                        help="linear layers of our decoders: 'auto' (default) packs bf16 weights for oneDNN on a "
+                             "CPU that supports it (the same tokens, a third faster per step), 'packed' insists, "
+                             "'stock' uses torch's default kernels; transformers peers always run stock")
 
 
 def _topology(args, spec: str | None = None):
@@ -362,6 +369,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
     gen.add_argument("--device", default="cpu")
     gen.add_argument("--method", default="eagle", choices=METHODS)
+    _add_kernels_option(gen)
     gen.add_argument("--profile", action="store_true", help="time the phases of a cycle (draft, target, verify, commit)")
     gen.add_argument("--json", action="store_true", help="print one JSON object with the text and the stats")
     gen.set_defaults(fn=cmd_generate)
@@ -424,6 +432,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--dtype", default="bfloat16")
     run.add_argument("--device", default="cpu", help="cpu, cuda (one GPU per process under accelerate launch), auto")
     run.add_argument("--turns", type=_count(0), default=None, help="answer only the first N turns (default or 0: all)")
+    _add_kernels_option(run)
     run.add_argument("--profile", action="store_true", help="record where each cycle's time goes")
     run.add_argument("--model-id", default=None)
     run.add_argument("--answer-file", default=None)
@@ -459,6 +468,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "'same' keeps --drafter/--verifier")
     suite_parser.add_argument("--seed", type=int, default=0)
     suite_parser.add_argument("--draft-vocab", type=_draft_vocab, default="auto", help=DRAFT_VOCAB_HELP)
+    _add_kernels_option(suite_parser)
     suite_parser.add_argument("--name", default=None, help="run name (default benchmark_<date>_<dtype>); reruns resume")
     suite_parser.add_argument("--out", default="evaluation/results")
     suite_parser.add_argument("--answers", default="evaluation/answers/benchmark")
@@ -475,6 +485,7 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--device", default="cpu")
     sw.add_argument("--seed", type=int, default=0)
     sw.add_argument("--draft-vocab", type=_draft_vocab, default="auto", help=DRAFT_VOCAB_HELP)
+    _add_kernels_option(sw)
     sw.add_argument("--name", default=None, help="results name (default sweep_<date>_<dtype>)")
     sw.add_argument("--out", default="evaluation/results")
     sw.add_argument("--answers", default="evaluation/answers/sweeps")

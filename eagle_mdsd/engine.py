@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
-from . import drafting, dynamic, lookup, verification
+from . import drafting, dynamic, kernels, lookup, verification
 from .tree import Tree
 
 
@@ -192,10 +192,13 @@ class Decoder:
     """Speculative decoding of one target with an EAGLE head over a static or dynamic tree."""
 
     def __init__(self, target, head=None, tree: Tree | dynamic.DynamicTree | lookup.LookupTree | None = None,
-                 drafter="topk", verifier="topk", eos_token_ids=(), draft_vocab: int | str | None = None):
+                 drafter="topk", verifier="topk", eos_token_ids=(), draft_vocab: int | str | None = None,
+                 kernels_choice: str = "auto"):
         """draft_vocab: draft over the head's N most frequent tokens only (q is 0 elsewhere; still exact);
         'auto': AUTO_DRAFT_VOCAB of them when the head ships its token ranking, else the full vocabulary.
-        A lookup.LookupTree drafts its base tree and grafts prompt-lookup tokens on (temperature 0 only)."""
+        A lookup.LookupTree drafts its base tree and grafts prompt-lookup tokens on (temperature 0 only).
+        kernels_choice: 'auto' runs the target's and head's linear layers on prepacked bf16 weights where
+        kernels.available (the layers are switched in place, stock outside this decoder), 'stock' never."""
         self.lookup_tokens = tree.tokens if isinstance(tree, lookup.LookupTree) else 0
         self.target, self.head = target, head
         self.tree = tree = tree.base if self.lookup_tokens else tree
@@ -205,6 +208,11 @@ class Decoder:
         self.lm_head = target.get_output_embeddings()
         self.embed = target.get_input_embeddings()
         self.eos = set(int(e) for e in eos_token_ids)
+        self.packed = kernels.resolve(kernels_choice, self.lm_head.weight)
+        if self.packed:
+            kernels.pack(target)
+            if head is not None:
+                kernels.pack(head)
         self.draft_rows = None
         draft_vocab = resolve_draft_vocab(head, draft_vocab)
         if draft_vocab is not None:
@@ -214,9 +222,12 @@ class Decoder:
             if draft_vocab < 1:
                 raise ValueError(f"--draft-vocab must be at least 1, got {draft_vocab}")
             rows = torch.tensor(sorted(head.draft_vocab[:draft_vocab]), device=self.lm_head.weight.device)
-            self.draft_rows, self.draft_weight = rows, self.lm_head.weight[rows].contiguous()
             bias = getattr(self.lm_head, "bias", None)
-            self.draft_bias = None if bias is None else bias[rows].contiguous()
+            self.draft_rows = rows
+            self.draft_lm_head = kernels.linear_over(self.lm_head.weight[rows].contiguous(),
+                                                     None if bias is None else bias[rows].contiguous())
+            if self.packed:
+                kernels.pack(self.draft_lm_head)
         if isinstance(tree, dynamic.DynamicTree):
             dynamic.check_pair(tree, self.scheme.name)
         elif tree is not None:
@@ -270,7 +281,7 @@ class Decoder:
         self.head_cache = preallocated_cache(1, capacity) if method == "eagle" else None
         generator = torch.Generator(device=device).manual_seed(seed)
         self.timer = PhaseTimer(profile, device)
-        with torch.inference_mode():
+        with torch.inference_mode(), kernels.packed(self.packed):
             return self._run(prompt, max_new_tokens, temperature, generator, method)
 
     def _run(self, prompt, max_new_tokens, temperature, generator, method):
@@ -325,7 +336,7 @@ class Decoder:
         scale = temperature if temperature > 0 else 1.0
         if self.draft_rows is None:
             return torch.softmax(self.lm_head(predicted).float() / scale, -1), None
-        logits = torch.nn.functional.linear(predicted, self.draft_weight, self.draft_bias).float()
+        logits = self.draft_lm_head(predicted).float()
         q = torch.softmax(logits / scale, -1)
         if support > 1 and bool(((q > 0).sum(-1) < support).any()):
             return self.vocabulary_q(q, self.draft_rows), None

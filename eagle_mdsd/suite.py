@@ -23,7 +23,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from . import bench, dynamic, engine, head, lookup, models, peers, questions, report, verification
+from . import bench, dynamic, engine, head, kernels, lookup, models, peers, questions, report, verification
 from .benchmarks import machine
 from .tree import Tree
 
@@ -34,16 +34,18 @@ SAMPLING_PAIR = "without_replacement/rrs_wo"
 
 
 def make_runner(method: str, target, tokenizer, draft_head=None, topology=None, drafter="topk",
-                verifier="topk", draft_vocab: int | str | None = "auto"):
-    """What answers with `method`: an engine.Decoder (eagle, baseline) or a TransformersPeer."""
+                verifier="topk", draft_vocab: int | str | None = "auto", kernels_choice: str = "auto"):
+    """What answers with `method`: an engine.Decoder (eagle, baseline; kernels_choice: kernels.CHOICES) or a
+    TransformersPeer (stock kernels always: transformers as users run it)."""
     eos = models.eos_token_ids(target, tokenizer)
     if method in peers.METHODS:
         return peers.TransformersPeer(target, eos)
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}: use one of {', '.join(METHODS)}")
     if method == "baseline":
-        return engine.Decoder(target, eos_token_ids=eos)
-    return engine.Decoder(target, draft_head, topology, drafter, verifier, eos_token_ids=eos, draft_vocab=draft_vocab)
+        return engine.Decoder(target, eos_token_ids=eos, kernels_choice=kernels_choice)
+    return engine.Decoder(target, draft_head, topology, drafter, verifier, eos_token_ids=eos, draft_vocab=draft_vocab,
+                          kernels_choice=kernels_choice)
 
 
 def check_fits(topology, drafter: str, verifier: str) -> None:
@@ -112,6 +114,19 @@ def sampled_note(result: dict) -> str:
     return f"; at T > 0 (static trees) drafter {sampled_drafter}, verifier {sampled_verifier}"
 
 
+def kernels_used(choice: str, target) -> str:
+    """'packed' or 'stock': what our decoders' linear layers run on for --kernels `choice`."""
+    return "packed" if kernels.resolve(choice, target.get_output_embeddings().weight) else "stock"
+
+
+def kernels_note(result: dict) -> str:
+    """The report's sentence on kernels (older runs recorded none: stock)."""
+    if result.get("kernels", "stock") == "stock":
+        return ""
+    return (" EAGLE and baseline ran their linear layers on prepacked oneDNN bf16 weights (--kernels packed: the "
+            "same tokens, faster), the transformers peers on stock kernels, as users run them.")
+
+
 def _file_safe(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)
 
@@ -165,12 +180,13 @@ def run_benchmark(out: Path, answers: Path, bench_name: str = "mt_bench", count:
                   temperatures=(0.0, 1.0), methods=METHODS, dtype: str = "bfloat16", device: str = "cpu",
                   max_new_tokens: int = 128, trees=("eagle_default",), drafter: str = "topk",
                   verifier: str = "topk", seed: int = 0, draft_vocab: int | str | None = "auto",
-                  name: str | None = None, sampling_pair: str = SAMPLING_PAIR) -> dict:
+                  name: str | None = None, sampling_pair: str = SAMPLING_PAIR, kernels_choice: str = "auto") -> dict:
     """Answer into answers/NAME/, then report into out/NAME.{json,md,_t*.png}; NAME defaults to
     benchmark_<date>_<dtype>, and a rerun with the same name resumes.
 
     EAGLE drafts with drafter/verifier at T = 0; at T > 0 a static tree without its own pair
-    (TREE@D/V) uses `sampling_pair` ('D/V', or 'same' for drafter/verifier)."""
+    (TREE@D/V) uses `sampling_pair` ('D/V', or 'same' for drafter/verifier).  kernels_choice: what EAGLE and
+    baseline run their linear layers on (kernels.CHOICES); the transformers peers keep stock kernels."""
     for method in methods:
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}: use one of {', '.join(METHODS)}")
@@ -178,17 +194,18 @@ def run_benchmark(out: Path, answers: Path, bench_name: str = "mt_bench", count:
     setups = benchmark_setups(trees, drafter, verifier, (sampled_drafter, sampled_verifier))
     chosen = spread(questions.load(bench_name), count)
     target, tokenizer = models.load_target(None, models.parse_dtype(dtype), device)
+    used_kernels = kernels_used(kernels_choice, target)
     draft_head = head.load_head(models.DEFAULT_HEAD, target) if "eagle" in methods else None
     runners = {}  # label -> (method, {sampled: runner}): EAGLE once per tree (and pair)
     for method in methods:
         if method != "eagle":
-            runner = make_runner(method, target, tokenizer)
+            runner = make_runner(method, target, tokenizer, kernels_choice=kernels_choice)
             runners[method] = (method, {False: runner, True: runner})
             continue
         for tree_name, topology, pairs in setups:
             label = "eagle" if len(setups) == 1 else f"eagle[{tree_name}]"
-            made = {pair: make_runner(method, target, tokenizer, draft_head, topology, *pair, draft_vocab)
-                    for pair in set(pairs.values())}  # one decoder when both temperatures share the pair
+            made = {pair: make_runner(method, target, tokenizer, draft_head, topology, *pair, draft_vocab,
+                                      kernels_choice) for pair in set(pairs.values())}  # one decoder when both temperatures share the pair
             runners[label] = (method, {sampled: made[pair] for sampled, pair in pairs.items()})
     date = datetime.date.today().isoformat()
     name = name or f"benchmark_{date}_{dtype}"
@@ -196,7 +213,7 @@ def run_benchmark(out: Path, answers: Path, bench_name: str = "mt_bench", count:
         "head": head_checksum(models.DEFAULT_HEAD) if draft_head is not None else None, "dtype": dtype,
         "bench": bench_name, "max_new_tokens": max_new_tokens, "seed": seed, "trees": [s[0] for s in setups],
         "drafter": drafter, "verifier": verifier, "draft_vocab": engine.resolve_draft_vocab(draft_head, draft_vocab),
-        "sampling_pair": f"{sampled_drafter}/{sampled_verifier}"})
+        "sampling_pair": f"{sampled_drafter}/{sampled_verifier}", "kernels": used_kernels})
     files = {(t, label): Path(answers) / name / _file_safe(
         f"{bench_name}-{models.EMBEDDED_NAME}-{label}-{_temperature_tag(t)}.jsonl")
         for t in temperatures for label in runners if t == 0 or lookup.SUFFIX not in label}  # lookup: T = 0 only
@@ -214,7 +231,8 @@ def run_benchmark(out: Path, answers: Path, bench_name: str = "mt_bench", count:
               "dtype": dtype, "device": device, "max_new_tokens": max_new_tokens,
               "trees": [setup[0] for setup in setups],
               "drafter": drafter, "verifier": verifier, "sampling_pair": f"{sampled_drafter}/{sampled_verifier}",
-              "draft_vocab": engine.resolve_draft_vocab(draft_head, draft_vocab), "temperatures": {}}
+              "draft_vocab": engine.resolve_draft_vocab(draft_head, draft_vocab), "kernels": used_kernels,
+              "temperatures": {}}
     out = Path(out)
     stem = out / name
     for t in temperatures:
@@ -248,6 +266,10 @@ def goals(entries: list[dict], temperature: float) -> list[str]:
             lines.append(f"EAGLE{'' if best == 'eagle' else ' ' + best[5:]} / {peer} at T={temperature:g}: "
                          f"{speed['eagle']:.1f} / {speed[peer]:.1f} tokens/s = "
                          f"{ratio:.2f}x (goal >= {factor:g}x: {'met' if ratio >= factor else 'not met'})")
+    if "baseline" in speed and "hf_generate" in speed:  # the speedup split into the loop's share and the drafts'
+        lines.append(f"of which baseline (our loop, no drafts) / hf_generate: {speed['baseline']:.1f} / "
+                     f"{speed['hf_generate']:.1f} = {speed['baseline'] / speed['hf_generate']:.2f}x, and EAGLE / "
+                     f"baseline: {speed['eagle'] / speed['baseline']:.2f}x")
     static = "eagle[eagle_default]"
     for label in eagles:  # issue 7: a dynamic tree should beat the static default by 20%
         if label != static and static in speed and label[6:].split(":")[0] in dynamic.NAMES:
@@ -270,7 +292,8 @@ def benchmark_markdown(result: dict, stem: str) -> str:
              f"draft vocabulary "
              f"{result.get('draft_vocab') or 'full'}. Methods ran question by question in turn "
              f"in one process. Speedup = tokens/s over `baseline` (plain autoregressive decoding in the same loop) "
-             f"on the same questions; tau = new tokens / target forward passes after the prefill.", ""]
+             f"on the same questions; tau = new tokens / target forward passes after the prefill."
+             f"{kernels_note(result)}", ""]
     for tag, block in result["temperatures"].items():
         lines += [f"## Temperature {tag[1:]}", "", report.markdown(block["entries"]), f"![chart]({stem}_{tag}.png)",
                   ""] + [f"- {g}" for g in block["goals"]] + [""]
@@ -280,7 +303,8 @@ def benchmark_markdown(result: dict, stem: str) -> str:
 def sweep(out: Path, answers: Path, trees=("chain4", "binary_depth4", "quad_depth3", "eagle_default"),
           temperatures=(0.0, 0.1, 0.6, 1.0), pairs=None, bench_name: str = "mt_bench", count: int = 8,
           turns: int | None = 1, max_new_tokens: int = 64, dtype: str = "bfloat16", device: str = "cpu",
-          seed: int = 0, name: str | None = None, draft_vocab: int | str | None = "auto") -> Path:
+          seed: int = 0, name: str | None = None, draft_vocab: int | str | None = "auto",
+          kernels_choice: str = "auto") -> Path:
     """EAGLE with every (tree, pair, temperature) that fits; tau and tokens/s per cell into out/<name>.{md,json}."""
     pairs = pairs or verification.pairs()
     topologies = {tree_label(topology): topology for topology in map(dynamic.load, trees)}
@@ -304,7 +328,7 @@ def sweep(out: Path, answers: Path, trees=("chain4", "binary_depth4", "quad_dept
     rows = []
     for t, tree_name, drafter, verifier in tqdm(cells, desc="sweep cells"):
         runner = make_runner("eagle", target, tokenizer, draft_head, topologies[tree_name], drafter, verifier,
-                             draft_vocab)
+                             draft_vocab, kernels_choice)
         answer_file = Path(answers) / name / _file_safe(f"{tree_name}-{drafter}-{verifier}-{_temperature_tag(t)}.jsonl")
         bench.run(runner, tokenizer, chosen, answer_file, f"{models.EMBEDDED_NAME}-eagle",
                   bench.Settings("eagle", max_new_tokens, t, seed, turns=turns), progress=False)
@@ -313,6 +337,7 @@ def sweep(out: Path, answers: Path, trees=("chain4", "binary_depth4", "quad_dept
                      "tau": totals["tau"], "tokens_per_s": totals["tokens_per_s"], "new_tokens": totals["new_tokens"]})
     result = {"machine": machine(), "dtype": dtype, "bench": bench_name,
               "draft_vocab": engine.resolve_draft_vocab(draft_head, draft_vocab),
+              "kernels": kernels_used(kernels_choice, target),
               "questions": [q["question_id"] for q in chosen], "turns": turns, "max_new_tokens": max_new_tokens,
               "rows": rows}
     out = Path(out)
@@ -328,7 +353,7 @@ def sweep_markdown(result: dict, name: str) -> str:
     lines = [f"# {name}", "", f"Machine: {m['cpu']}, {m['threads']} torch threads, torch {m['torch']}, "
              f"{result['dtype']}. Questions: {result['bench']} {', '.join(map(str, result['questions']))}, "
              f"first {result['turns'] or 'all'} turn(s), at most {result['max_new_tokens']} new tokens, draft vocabulary "
-             f"{result.get('draft_vocab') or 'full'}. "
+             f"{result.get('draft_vocab') or 'full'}, {result.get('kernels', 'stock')} kernels. "
              "Cells: tau (tokens/s).", "",
              "| tree | drafter | verifier | " + " | ".join(f"T={t:g}" for t in temperatures) + " |",
              "|---|---|---|" + "---|" * len(temperatures)]

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from eagle_mdsd import bench, cli, engine, head, models, peers, questions, report, suite, tree
+from eagle_mdsd import bench, cli, engine, head, kernels, models, peers, questions, report, suite, tree
 
 
 @pytest.fixture(scope="module")
@@ -175,6 +175,9 @@ def test_goals_compare_eagle_with_the_peers():
     lines = suite.goals([entry("eagle", 50.0), entry("hf_generate", 20.0), entry("prompt_lookup", 30.0)], 0.0)
     assert lines[0].endswith("= 2.50x (goal >= 2.5x: met)") and lines[1].endswith("(goal >= 2x: not met)")
     assert len(suite.goals([entry("eagle", 50.0), entry("hf_generate", 20.0)], 1.0)) == 1
+    split = suite.goals([entry("eagle", 50.0), entry("baseline", 25.0), entry("hf_generate", 20.0)], 1.0)
+    assert split[1] == ("of which baseline (our loop, no drafts) / hf_generate: 25.0 / 20.0 = 1.25x, "
+                        "and EAGLE / baseline: 2.00x")
 
 
 def test_cli_methods_are_the_suites():
@@ -304,11 +307,14 @@ def test_a_small_benchmark_runs_end_to_end_with_the_sampling_pair(tmp_path, monk
                                  methods=("eagle", "baseline"), max_new_tokens=8, name="small")
     assert {u for u in used if u[0] == "eagle"} == {("eagle", 0.0, "topk", "topk"),
                                                    ("eagle", 1.0, "without_replacement", "rrs_wo")}
-    assert json.loads((tmp_path / "answers" / "small" / "settings.json").read_text())["sampling_pair"] == \
-        "without_replacement/rrs_wo"
+    settings = json.loads((tmp_path / "answers" / "small" / "settings.json").read_text())
+    assert settings["sampling_pair"] == "without_replacement/rrs_wo"
+    packs = kernels.available(torch.zeros(1, dtype=torch.bfloat16))
+    assert settings["kernels"] == result["kernels"] == ("packed" if packs else "stock")
     for tag in ("t0", "t1"):
         assert [e["label"] for e in result["temperatures"][tag]["entries"]] == ["eagle", "baseline"]
         assert len((tmp_path / "answers" / "small" / suite._file_safe(f"mt_bench-{models.EMBEDDED_NAME}-eagle-{tag}.jsonl"))
                    .read_text().splitlines()) == 1
     text = (tmp_path / "results" / "small.md").read_text()
     assert "drafter topk, verifier topk; at T > 0 (static trees) drafter without_replacement, verifier rrs_wo" in text
+    assert ("EAGLE and baseline ran their linear layers on prepacked oneDNN bf16 weights" in text) == packs

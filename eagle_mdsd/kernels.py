@@ -1,0 +1,88 @@
+"""Prepacked bf16 linear layers for the CPU: oneDNN's kernel for weights laid out once in its blocked format.
+
+On a CPU with bf16 matrix units, `torch.nn.functional.linear` in bf16 reads
+the weights at about 10 GB/s; the same product on weights reordered once for
+oneDNN (the kernel torch.compile's freezing pass emits) runs a third faster,
+and a decoding step of a small model is mostly these products
+(evaluation/results/kernels_*.md).  The outputs are the stock kernel's, bit
+for bit, on the shapes we checked (tests/test_kernels.py checks it on this
+machine's kernels).
+
+`pack(model)` turns a model's nn.Linear layers into PackedLinear in place;
+they compute as before everywhere except inside `packed()`, so a model shared
+with other code (the transformers peers of a benchmark) keeps its stock
+kernels there.  A packed weight is redone when its tensor changes in place
+(an optimizer step), so a head still in training never runs on stale weights.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+
+CHOICES = ("auto", "packed", "stock")
+
+
+def available(weight: torch.Tensor) -> bool:
+    """Whether oneDNN's packed linear runs here for this weight: bf16 on the CPU with oneDNN's bf16 support."""
+    return (weight.device.type == "cpu" and weight.dtype == torch.bfloat16
+            and torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+
+
+class PackedLinear(torch.nn.Linear):
+    """nn.Linear whose product runs on a prepacked weight inside `packed()` (no autograd there)."""
+
+    active = False  # switched on by `packed()` only
+
+    def repack(self) -> None:
+        self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), None)
+        self.packed_version = self.weight._version
+
+    def forward(self, x):
+        if not PackedLinear.active or torch.is_grad_enabled():
+            return F.linear(x, self.weight, self.bias)
+        if self.packed_version != self.weight._version:
+            self.repack()
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+
+
+def resolve(choice: str, weight: torch.Tensor) -> bool:
+    """--kernels auto|packed|stock -> whether to pack; 'packed' where it cannot run is an error."""
+    if choice not in CHOICES:
+        raise ValueError(f"unknown kernels {choice!r}: use one of {', '.join(CHOICES)}")
+    if choice == "packed" and not available(weight):
+        raise ValueError(f"--kernels packed needs bf16 weights on a CPU with oneDNN bf16 support (got "
+                         f"{weight.dtype} on {weight.device.type}): use --dtype bfloat16 --device cpu, "
+                         f"or --kernels auto")
+    return choice != "stock" and available(weight)
+
+
+def pack(model: torch.nn.Module) -> torch.nn.Module:
+    """Turn every nn.Linear of `model` into a PackedLinear in place (same parameters); returns the model."""
+    for module in model.modules():
+        if type(module) is torch.nn.Linear:
+            module.__class__ = PackedLinear
+            module.repack()
+    return model
+
+
+def linear_over(weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.nn.Linear:
+    """A frozen nn.Linear over existing tensors (rows of an output embedding, say), for `pack`."""
+    layer = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")
+    layer.weight = torch.nn.Parameter(weight.detach(), requires_grad=False)
+    if bias is not None:
+        layer.bias = torch.nn.Parameter(bias.detach(), requires_grad=False)
+    return layer
+
+
+@contextmanager
+def packed(enabled: bool = True):
+    """Run PackedLinear layers on their packed weights in this block."""
+    previous, PackedLinear.active = PackedLinear.active, enabled
+    try:
+        yield
+    finally:
+        PackedLinear.active = previous

@@ -1,0 +1,71 @@
+"""The linear layers of one embedded-default decoding step on stock and prepacked kernels.
+
+Times the 210 products of SmolLM2-135M's 30 decoder layers (q, k, v, o, gate,
+up, down; random weights of the real shapes, the lm_head aside) for 1 and 26
+input rows - a decoding step and an eagle_default tree - with
+`torch.nn.functional.linear` in bf16 and fp32 and with eagle_mdsd.kernels'
+packed bf16 weights, best of 7 passes, and writes
+evaluation/results/kernels_<date>.md with the weights read per second.
+
+    .venv/bin/python evaluation/linear_kernels.py
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from pathlib import Path
+
+import torch
+
+from eagle_mdsd import benchmarks, kernels
+
+SHAPES = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)] * 30  # (out, in)
+
+
+def best_pass_seconds(layers, rows: int, dtype: torch.dtype, packed: bool) -> float:
+    inputs = {features: torch.randn(rows, features, dtype=dtype) for features in (576, 1536)}
+    best = float("inf")
+    with torch.inference_mode(), kernels.packed(packed):
+        for _ in range(7):
+            start = time.perf_counter()
+            for layer in layers:
+                layer(inputs[layer.in_features])
+            best = min(best, time.perf_counter() - start)
+    return best
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    rows_out = []
+    for label, dtype, packed in (("fp32, stock", torch.float32, False), ("bf16, stock", torch.bfloat16, False),
+                                 ("bf16, packed", torch.bfloat16, True)):
+        if packed and not kernels.available(torch.zeros(1, dtype=dtype)):
+            rows_out.append(f"| {label} | not available on this CPU | | | |")
+            continue
+        layers = [torch.nn.Linear(i, o, bias=False).to(dtype) for o, i in SHAPES]
+        if packed:
+            for layer in layers:
+                kernels.pack(layer)
+        weight_bytes = sum(layer.weight.numel() * layer.weight.element_size() for layer in layers)
+        cells = []
+        for rows in (1, 26):
+            seconds = best_pass_seconds(layers, rows, dtype, packed)
+            cells += [f"{1000 * seconds:.1f}", f"{weight_bytes / seconds / 1e9:.1f}"]
+        rows_out.append(f"| {label} | " + " | ".join(cells) + " |")
+        print(rows_out[-1])
+    machine = benchmarks.machine()
+    date = datetime.date.today().isoformat()
+    text = "\n".join([
+        f"# Linear layers of one SmolLM2-135M step, stock and packed kernels, {date}", "",
+        f"Machine: {machine['cpu']}, {machine['threads']} torch threads, torch {machine['torch']}. The 210 "
+        "products of the 30 decoder layers (random weights of the real shapes, no lm_head), best of 7 passes. "
+        "Command: `.venv/bin/python evaluation/linear_kernels.py`.", "",
+        "| kernel | 1 row: ms | GB/s | 26 rows: ms | GB/s |", "|---|---|---|---|---|", *rows_out, ""])
+    out = Path(__file__).resolve().parent / "results" / f"kernels_{date}.md"
+    out.write_text(text)
+    print(f"wrote evaluation/results/{out.name}")
+
+
+if __name__ == "__main__":
+    main()

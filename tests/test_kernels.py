@@ -1,0 +1,83 @@
+"""Prepacked bf16 linear layers: the stock kernel's outputs, only inside `packed()`, never stale."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from eagle_mdsd import engine, head, kernels, tree
+
+from tiny import tiny_target
+
+needs_packing = pytest.mark.skipif(not kernels.available(torch.zeros(1, dtype=torch.bfloat16)),
+                                   reason="no oneDNN bf16 kernels on this CPU")
+
+
+def bf16_linear(in_features=576, out_features=1536, bias=True, seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Linear(in_features, out_features, bias=bias).to(torch.bfloat16)
+
+
+@needs_packing
+@pytest.mark.parametrize("rows", [1, 7, 26])
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_linear_gives_the_stock_outputs_bit_for_bit(rows, bias):
+    layer = bf16_linear(bias=bias)
+    x = torch.randn(1, rows, 576, dtype=torch.bfloat16)
+    stock = F.linear(x, layer.weight, layer.bias)
+    kernels.pack(layer)
+    with torch.inference_mode(), kernels.packed():
+        assert torch.equal(layer(x), stock)
+
+
+@needs_packing
+def test_the_packed_weight_is_used_only_inside_packed():
+    layer = kernels.pack(bf16_linear())
+    layer.packed_weight = torch.ops.mkldnn._reorder_linear_weight(torch.zeros_like(layer.weight), None)
+    x = torch.randn(3, 576, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))  # outside: stock
+        with kernels.packed():
+            assert torch.equal(layer(x), layer.bias.expand(3, -1))  # inside: the (zeroed) packed weight
+        assert not kernels.PackedLinear.active
+
+
+@needs_packing
+def test_a_weight_changed_in_place_is_repacked():
+    layer = kernels.pack(bf16_linear())
+    with torch.no_grad():
+        layer.weight.mul_(-2.0)  # an optimizer step, say
+    x = torch.randn(5, 576, dtype=torch.bfloat16)
+    with torch.inference_mode(), kernels.packed():
+        assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
+
+
+def test_kernel_choices_are_checked():
+    with pytest.raises(ValueError, match="unknown kernels 'fast': use one of auto, packed, stock"):
+        kernels.resolve("fast", torch.zeros(1))
+    with pytest.raises(ValueError, match="--kernels packed needs bf16 weights on a CPU.*got torch.float32"):
+        kernels.resolve("packed", torch.zeros(1))
+    assert not kernels.resolve("auto", torch.zeros(1))  # fp32: stock kernels
+    assert not kernels.resolve("stock", torch.zeros(1, dtype=torch.bfloat16))
+
+
+@needs_packing
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_the_decoder_makes_the_same_tokens_on_packed_kernels(temperature):
+    target = tiny_target(vocab=64, hidden=64).to(torch.bfloat16)
+    draft_head = head.random_head(target)
+    topology = tree.load("eagle_default")
+    pair = ("topk", "topk") if temperature == 0 else ("without_replacement", "rrs_wo")
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8]
+    stock = engine.Decoder(target, draft_head, topology, *pair, kernels_choice="stock")
+    made = {seed: stock.generate(prompt, 24, temperature, seed=seed).token_ids for seed in range(3)}
+    packed = engine.Decoder(target, draft_head, topology, *pair, kernels_choice="auto")
+    assert packed.packed and isinstance(target.lm_head, kernels.PackedLinear)
+    assert isinstance(draft_head.fc, kernels.PackedLinear)
+    with torch.profiler.profile() as profile:
+        assert packed.generate(prompt, 24, temperature, seed=0).token_ids == made[0]
+    assert any("_linear_pointwise" in event.name for event in profile.events())  # the packed kernel ran
+    for seed, tokens in made.items():
+        assert packed.generate(prompt, 24, temperature, seed=seed).token_ids == tokens
+    assert stock.generate(prompt, 24, temperature, seed=0).token_ids == made[0]  # stock again after packing
