@@ -12,11 +12,12 @@ machine's kernels).
 they compute as before everywhere except inside `packed()`, so a model shared
 with other code (the transformers peers of a benchmark) keeps its stock
 kernels there.  A packed weight is redone when its tensor changes in place
-(an optimizer step), so a head still in training never runs on stale weights.
+(an optimizer step) or is replaced, so a head still in training never runs on stale weights.
 """
 
 from __future__ import annotations
 
+import weakref
 from contextlib import contextmanager
 
 import torch
@@ -39,12 +40,13 @@ class PackedLinear(torch.nn.Linear):
 
     def repack(self) -> None:
         self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), None)
-        self.packed_version = self.weight._version
+        self.packed_from = (weakref.ref(self.weight), self.weight._version)
 
     def forward(self, x):
         if not PackedLinear.active or torch.is_grad_enabled():
             return F.linear(x, self.weight, self.bias)
-        if self.packed_version != self.weight._version:
+        source, version = self.packed_from
+        if source() is not self.weight or version != self.weight._version:  # replaced, or changed in place
             self.repack()
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
 

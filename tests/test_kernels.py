@@ -53,6 +53,20 @@ def test_a_weight_changed_in_place_is_repacked():
         assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
 
 
+@needs_packing
+def test_a_replaced_weight_is_repacked():
+    layer = kernels.pack(bf16_linear())
+    replacement = torch.nn.Parameter(-layer.weight.detach())  # a loaded checkpoint, say
+    with torch.no_grad():
+        while replacement._version < layer.weight._version:
+            replacement.mul_(1)  # the same version count, so only its identity tells it apart
+    assert replacement._version == layer.weight._version
+    layer.weight = replacement
+    x = torch.randn(5, 576, dtype=torch.bfloat16)
+    with torch.inference_mode(), kernels.packed():
+        assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
+
+
 def test_kernel_choices_are_checked():
     with pytest.raises(ValueError, match="unknown kernels 'fast': use one of auto, packed, stock"):
         kernels.resolve("fast", torch.zeros(1))
