@@ -11,7 +11,11 @@ machine's kernels).
 `pack(model)` turns a model's nn.Linear layers into PackedLinear in place;
 they compute as before everywhere except inside `packed()`, so a model shared
 with other code (the transformers peers of a benchmark) keeps its stock
-kernels there.  A packed weight is redone when its tensor changes in place
+kernels there.  It also moves the model's SDPA attention to `gqa_sdpa`:
+inside `packed()` a query of several rows with a mask (a tree, a prefill)
+attends over the shared key/value heads with torch's enable_gqa instead of
+transformers' copies of them (repeat_kv), bit for bit the same output
+(tests/test_kernels.py); elsewhere it is transformers' SDPA attention.  A packed weight is redone when its tensor changes in place
 (an optimizer step) or is replaced, so a head still in training never runs on stale weights.
 """
 
@@ -51,6 +55,32 @@ class PackedLinear(torch.nn.Linear):
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
 
 
+GQA_SDPA = "eagle_mdsd_gqa_sdpa"
+
+
+def gqa_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """transformers' SDPA attention, but inside `packed()` a masked query of several rows reads the key/value
+    heads it shares with other query heads in place (enable_gqa) rather than from copies."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    groups = getattr(module, "num_key_value_groups", 1)
+    if (not PackedLinear.active or torch.is_grad_enabled() or groups == 1 or query.shape[2] == 1
+            or attention_mask is None or dropout or kwargs.get("position_bias") is not None):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    output = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=scaling,
+                                            enable_gqa=True)
+    return output.transpose(1, 2).contiguous(), None
+
+
+def _register_gqa_sdpa() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(GQA_SDPA, gqa_sdpa)
+    AttentionMaskInterface.register(GQA_SDPA, sdpa_mask)  # the masks of transformers' SDPA attention
+
+
 def resolve(choice: str, weight: torch.Tensor) -> bool:
     """--kernels auto|packed|stock -> whether to pack; 'packed' where it cannot run is an error."""
     if choice not in CHOICES:
@@ -63,7 +93,12 @@ def resolve(choice: str, weight: torch.Tensor) -> bool:
 
 
 def pack(model: torch.nn.Module) -> torch.nn.Module:
-    """Turn every nn.Linear of `model` into a PackedLinear in place (same parameters); returns the model."""
+    """Turn every nn.Linear of `model` into a PackedLinear in place (same parameters), and its SDPA attention
+    into `gqa_sdpa`; returns the model."""
+    config = getattr(model, "config", None)
+    if getattr(config, "_attn_implementation", None) == "sdpa":
+        _register_gqa_sdpa()
+        config._attn_implementation = GQA_SDPA
     for module in model.modules():
         if type(module) is torch.nn.Linear:
             module.__class__ = PackedLinear

@@ -95,3 +95,41 @@ def test_the_decoder_makes_the_same_tokens_on_packed_kernels(temperature):
     for seed, tokens in made.items():
         assert packed.generate(prompt, 24, temperature, seed=seed).token_ids == tokens
     assert stock.generate(prompt, 24, temperature, seed=0).token_ids == made[0]  # stock again after packing
+
+
+@needs_packing
+@pytest.mark.parametrize("rows", [3, 26])
+def test_gqa_attention_gives_the_stock_outputs_bit_for_bit_inside_packed_only(rows, monkeypatch):
+    target = tiny_target(vocab=64, hidden=64).to(torch.bfloat16)  # 4 query heads share 2 key/value heads
+    kernels.pack(target)
+    assert target.config._attn_implementation == kernels.GQA_SDPA
+    torch.manual_seed(0)
+    prefix = 30
+    ids = torch.randint(0, 64, (1, prefix + rows))
+    visible = torch.ones(prefix + rows, prefix + rows, dtype=torch.bool).tril_()
+    visible[prefix:, prefix:] &= torch.rand(rows, rows) < 0.5  # a tree's rows see some of the rows before them
+    visible.fill_diagonal_(True)
+    mask = engine.additive_mask(visible, torch.bfloat16)
+    sdpa, calls = F.scaled_dot_product_attention, []
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs.get("enable_gqa", False))
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+
+    def forward(attention):
+        target.config._attn_implementation = attention
+        calls.clear()
+        return target.get_decoder()(input_ids=ids, attention_mask=mask).last_hidden_state
+
+    with torch.inference_mode():
+        outside = forward(kernels.GQA_SDPA)
+        assert calls == [False, False]  # transformers' SDPA (copies of the key/value heads) for the peers
+        with kernels.packed():
+            stock = forward("sdpa")
+            assert calls == [False, False]
+            shared = forward(kernels.GQA_SDPA)
+            assert calls == [True, True]
+    assert torch.equal(shared, stock)
+    assert torch.equal(outside, forward("sdpa"))

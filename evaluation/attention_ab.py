@@ -1,0 +1,71 @@
+"""The decoder with transformers' SDPA attention and with eagle_mdsd.kernels.gqa_sdpa, in one process.
+
+The embedded default with its shipped head, eagle_default tree, bf16, packed
+linear layers and the main benchmark's settings (draft vocabulary 'auto'; T = 0
+topk drafts, T = 1 drafts without replacement verified by rrs_wo); the first
+turns of the first N MT-Bench questions (default 8), 128 new tokens, T = 1
+seeded by question. The two attention functions take turns going first,
+question by question, after an 8-token warm-up each. Writes evaluation/results/attention_<date>.md with tokens/s per
+function, their ratio and how many answers came out the same.
+
+    .venv/bin/python evaluation/attention_ab.py [--questions 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+from pathlib import Path
+
+import torch
+
+from eagle_mdsd import benchmarks, engine, head, kernels, models, questions, tree
+
+ARMS = ("sdpa", kernels.GQA_SDPA)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--questions", type=int, default=8)
+    args = parser.parse_args()
+    target, tokenizer = models.load_target(None, torch.bfloat16)
+    draft_head = head.load_head(models.DEFAULT_HEAD, target)
+    eos = models.eos_token_ids(target, tokenizer)
+    decoders = {temperature: engine.Decoder(target, draft_head, tree.load("eagle_default"), *pair, eos_token_ids=eos,
+                                            draft_vocab="auto", kernels_choice="packed")
+                for temperature, pair in ((0.0, ("topk", "topk")), (1.0, ("without_replacement", "rrs_wo")))}
+    prompts = [models.chat_prompt_ids(tokenizer, q["turns"][0]) for q in questions.load("mt_bench")[: args.questions]]
+    rows = []
+    for temperature, decoder in decoders.items():
+        tokens, seconds, answers = dict.fromkeys(ARMS, 0), dict.fromkeys(ARMS, 0.0), {arm: [] for arm in ARMS}
+        for index, prompt in enumerate(prompts):
+            for arm in ARMS if index % 2 == 0 else ARMS[::-1]:
+                target.config._attn_implementation = draft_head.config._attn_implementation = arm
+                decoder.generate(prompt, 8, temperature, seed=index)  # warm-up
+                result = decoder.generate(prompt, 128, temperature, seed=index)
+                tokens[arm] += result.new_tokens
+                seconds[arm] += result.wall_time_s
+                answers[arm].append(result.token_ids)
+        speed = {arm: tokens[arm] / seconds[arm] for arm in ARMS}
+        same = sum(a == b for a, b in zip(*answers.values()))
+        rows.append(f"| {temperature:g} | {speed['sdpa']:.1f} | {speed[kernels.GQA_SDPA]:.1f} | "
+                    f"{speed[kernels.GQA_SDPA] / speed['sdpa']:.3f} | {same} / {len(prompts)} |")
+        print(rows[-1])
+    target.config._attn_implementation = draft_head.config._attn_implementation = kernels.GQA_SDPA
+    machine = benchmarks.machine()
+    date = datetime.date.today().isoformat()
+    text = "\n".join([
+        f"# Decoder attention: transformers' SDPA against gqa_sdpa, {date}", "",
+        f"Machine: {machine['cpu']}, {machine['threads']} torch threads, torch {machine['torch']}. Embedded "
+        f"default, shipped head, eagle_default, bf16, packed linear layers, draft vocabulary auto, T = 0 topk/topk, "
+        f"T = 1 without_replacement/rrs_wo; first turns of MT-Bench questions "
+        f"1-{len(prompts)} (ids 81-{80 + len(prompts)}), 128 new tokens, T = 1 seeded by question; the two take "
+        "turns going first. Command: `.venv/bin/python evaluation/attention_ab.py`.", "",
+        "| T | sdpa: tokens/s | gqa_sdpa: tokens/s | ratio | same answers |", "|---|---|---|---|---|", *rows, ""])
+    out = Path(__file__).resolve().parent / "results" / f"attention_{date}.md"
+    out.write_text(text)
+    print(f"wrote evaluation/results/{out.name}")
+
+
+if __name__ == "__main__":
+    main()
