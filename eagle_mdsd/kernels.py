@@ -15,8 +15,10 @@ kernels there.  It also moves the model's SDPA attention to `gqa_sdpa`:
 inside `packed()` a query of several rows with a mask (a tree, a prefill)
 attends over the shared key/value heads with torch's enable_gqa instead of
 transformers' copies of them (repeat_kv), bit for bit the same output
-(tests/test_kernels.py); elsewhere it is transformers' SDPA attention.  A packed weight is redone when its tensor changes in place
-(an optimizer step) or is replaced, so a head still in training never runs on stale weights.
+(tests/test_kernels.py); elsewhere it is transformers' SDPA attention.
+
+A packed weight is redone when its tensor changes in place (an optimizer
+step) or is replaced, so a head still in training never runs on stale weights.
 """
 
 from __future__ import annotations

@@ -5,8 +5,9 @@ linear layers and the main benchmark's settings (draft vocabulary 'auto'; T = 0
 topk drafts, T = 1 drafts without replacement verified by rrs_wo); the first
 turns of the first N MT-Bench questions (default 8), 128 new tokens, T = 1
 seeded by question. The two attention functions take turns going first,
-question by question, after an 8-token warm-up each. Writes evaluation/results/attention_<date>.md with tokens/s per
-function, their ratio and how many answers came out the same.
+question by question, after an 8-token warm-up each. Writes
+evaluation/results/attention_<date>.md with tokens/s per function, their
+ratio and how many answers came out the same.
 
     .venv/bin/python evaluation/attention_ab.py [--questions 8]
 """
