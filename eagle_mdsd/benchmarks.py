@@ -36,6 +36,16 @@ def machine() -> dict:
             "python": platform.python_version(), "platform": platform.platform()}
 
 
+def write_page(folder: Path, stem: str, title: str, setup: str, table: list[str]) -> Path:
+    """folder/<stem>_<date>.md: the title with today's date, a line naming this machine followed by `setup`,
+    and the markdown table (header rows first)."""
+    facts, date = machine(), datetime.date.today().isoformat()
+    page = Path(folder) / f"{stem}_{date}.md"
+    page.write_text("\n".join([f"# {title}, {date}", "", f"Machine: {facts['cpu']}, {facts['threads']} torch threads, "
+                                f"torch {facts['torch']}. {setup}", "", *table, ""]))
+    return page
+
+
 def median_seconds(fn, repeats: int, warmup: int = 3) -> float:
     for _ in range(warmup):
         fn()

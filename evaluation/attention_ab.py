@@ -15,7 +15,6 @@ ratio and how many answers came out the same.
 from __future__ import annotations
 
 import argparse
-import datetime
 from pathlib import Path
 
 import torch
@@ -53,20 +52,15 @@ def main() -> None:
                     f"{speed[kernels.GQA_SDPA] / speed['sdpa']:.3f} | {same} / {len(prompts)} |")
         print(rows[-1])
     target.config._attn_implementation = draft_head.config._attn_implementation = kernels.GQA_SDPA
-    machine = benchmarks.machine()
-    date = datetime.date.today().isoformat()
-    text = "\n".join([
-        f"# Decoder attention: transformers' SDPA against gqa_sdpa, {date}", "",
-        f"Machine: {machine['cpu']}, {machine['threads']} torch threads, torch {machine['torch']}. Embedded "
-        f"default, shipped head, eagle_default, bf16, packed linear layers, draft vocabulary auto, T = 0 topk/topk, "
-        f"T = 1 without_replacement/rrs_wo; first turns of MT-Bench questions "
-        f"1-{len(prompts)} (ids 81-{80 + len(prompts)}), 128 new tokens, T = 1 seeded by question; the two take "
-        "turns going first. Command: `.venv/bin/python evaluation/attention_ab.py`.", "",
-        "| T | sdpa: tokens/s | gqa_sdpa: tokens/s | ratio | same answers |", "|---|---|---|---|---|", *rows, ""])
-    out = Path(__file__).resolve().parent / "results" / f"attention_{date}.md"
-    out.write_text(text)
-    print(f"wrote evaluation/results/{out.name}")
-
+    page = benchmarks.write_page(
+        Path(__file__).resolve().parent / "results", "attention",
+        "Decoder attention: transformers' SDPA against gqa_sdpa",
+        f"Embedded default, shipped head, eagle_default, bf16, packed linear layers, draft vocabulary auto, T = 0 "
+        f"topk/topk, T = 1 without_replacement/rrs_wo; first turns of MT-Bench questions 1-{len(prompts)} (ids "
+        f"81-{80 + len(prompts)}), 128 new tokens, T = 1 seeded by question; the two take turns going first. "
+        "Command: `.venv/bin/python evaluation/attention_ab.py`.",
+        ["| T | sdpa: tokens/s | gqa_sdpa: tokens/s | ratio | same answers |", "|---|---|---|---|---|", *rows])
+    print(f"wrote evaluation/results/{page.name}")
 
 if __name__ == "__main__":
     main()

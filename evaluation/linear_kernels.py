@@ -12,7 +12,6 @@ evaluation/results/kernels_<date>.md with the weights read per second.
 
 from __future__ import annotations
 
-import datetime
 import time
 from pathlib import Path
 
@@ -54,18 +53,13 @@ def main() -> None:
             cells += [f"{1000 * seconds:.1f}", f"{weight_bytes / seconds / 1e9:.1f}"]
         rows_out.append(f"| {label} | " + " | ".join(cells) + " |")
         print(rows_out[-1])
-    machine = benchmarks.machine()
-    date = datetime.date.today().isoformat()
-    text = "\n".join([
-        f"# Linear layers of one SmolLM2-135M step, stock and packed kernels, {date}", "",
-        f"Machine: {machine['cpu']}, {machine['threads']} torch threads, torch {machine['torch']}. The 210 "
-        "products of the 30 decoder layers (random weights of the real shapes, no lm_head), best of 7 passes. "
-        "Command: `.venv/bin/python evaluation/linear_kernels.py`.", "",
-        "| kernel | 1 row: ms | GB/s | 26 rows: ms | GB/s |", "|---|---|---|---|---|", *rows_out, ""])
-    out = Path(__file__).resolve().parent / "results" / f"kernels_{date}.md"
-    out.write_text(text)
-    print(f"wrote evaluation/results/{out.name}")
-
+    page = benchmarks.write_page(
+        Path(__file__).resolve().parent / "results", "kernels",
+        "Linear layers of one SmolLM2-135M step, stock and packed kernels",
+        "The 210 products of the 30 decoder layers (random weights of the real shapes, no lm_head), best of 7 "
+        "passes. Command: `.venv/bin/python evaluation/linear_kernels.py`.",
+        ["| kernel | 1 row: ms | GB/s | 26 rows: ms | GB/s |", "|---|---|---|---|---|", *rows_out])
+    print(f"wrote evaluation/results/{page.name}")
 
 if __name__ == "__main__":
     main()
