@@ -28,6 +28,7 @@ from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 CHOICES = ("auto", "packed", "stock")
 
@@ -63,8 +64,6 @@ GQA_SDPA = "eagle_mdsd_gqa_sdpa"
 def gqa_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     """transformers' SDPA attention, but inside `packed()` a masked query of several rows reads the key/value
     heads it shares with other query heads in place (enable_gqa) rather than from copies."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     groups = getattr(module, "num_key_value_groups", 1)
     if (not PackedLinear.active or torch.is_grad_enabled() or groups == 1 or query.shape[2] == 1
             or attention_mask is None or dropout or kwargs.get("position_bias") is not None):
