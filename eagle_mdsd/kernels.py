@@ -58,7 +58,7 @@ class PackedLinear(torch.nn.Linear):
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
 
 
-GQA_SDPA = "eagle_mdsd_gqa_sdpa"
+GQA_SDPA = __name__.replace(".", "_") + "_gqa_sdpa"  # per copy of the package (scripts/compare_revisions.py)
 
 
 def gqa_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):

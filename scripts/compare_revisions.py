@@ -1,7 +1,8 @@
 """Tokens/s of the decoding engine at an earlier git revision against the working tree, in one process.
 
-Both engines share the target and the head; they answer the same MT-Bench first turns in turn
-(alternating which goes first), so the ratio is free of the machine's drift between runs.
+Both engines run the same target and head, each on its own copy (each packs its own kernels); they
+answer the same MT-Bench first turns in turn (alternating which goes first), so the ratio is free of
+the machine's drift between runs.
 
     .venv/bin/python scripts/compare_revisions.py REV [--questions 8] [--temperatures 0 1]
         [--tree eagle_default] [--max-new-tokens 128] [--name NAME]
@@ -12,6 +13,7 @@ Writes evaluation/results/NAME.md (default engine_vs_REV_<date>_<dtype>).
 from __future__ import annotations
 
 import argparse
+import copy
 import datetime
 import importlib
 import subprocess
@@ -74,7 +76,9 @@ def main() -> None:
     eos = models.eos_token_ids(target, tokenizer)
     with tempfile.TemporaryDirectory() as folder:
         old_engine = engine_at(args.revision, Path(folder))
-        decoders = {args.revision: old_engine.Decoder(target, draft_head, tree, eos_token_ids=eos, draft_vocab="auto"),
+        old_target, old_head = copy.deepcopy(target), copy.deepcopy(draft_head)  # packed by that revision's kernels
+        decoders = {args.revision: old_engine.Decoder(old_target, old_head, tree, eos_token_ids=eos,
+                                                      draft_vocab="auto"),
                     "working tree": engine.Decoder(target, draft_head, tree, eos_token_ids=eos, draft_vocab="auto")}
         chosen = questions.load("mt_bench")[:: 10][: args.questions]
         prompts = [bench.conversation_ids(tokenizer, [q["turns"][0]], []) for q in chosen]
