@@ -28,6 +28,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--questions", type=int, default=8)
     args = parser.parse_args()
+    if args.questions < 1:
+        parser.error(f"--questions is {args.questions}: pass 1 or more")
     target, tokenizer = models.load_target(None, torch.bfloat16)
     draft_head = head.load_head(models.DEFAULT_HEAD, target)
     eos = models.eos_token_ids(target, tokenizer)
