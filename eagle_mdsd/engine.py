@@ -451,7 +451,7 @@ class Decoder:
         # 4. verify from the root down.  One lm_head pass over the whole tree: it reads the weights once,
         #    as a single row does (the pass is memory-bound), and the walk needs two or three rows.  At
         #    T = 0 every lossless verifier outputs the target's argmax, so the walk follows it, taking
-        #    the argmax of the rows it visits only (a bf16 max over all rows costs ~0.5 ms a cycle).
+        #    the argmax of the rows it visits only (a bf16 max with indices over all of them is slow).
         logits = self.lm_head(features)
         greedy = temperature == 0
         node, accepted = 0, []
