@@ -64,5 +64,6 @@ def main() -> None:
         ["| T | sdpa: tokens/s | gqa_sdpa: tokens/s | ratio | same answers |", "|---|---|---|---|---|", *rows])
     print(f"wrote evaluation/results/{page.name}")
 
+
 if __name__ == "__main__":
     main()

@@ -61,5 +61,6 @@ def main() -> None:
         ["| kernel | 1 row: ms | GB/s | 26 rows: ms | GB/s |", "|---|---|---|---|---|", *rows_out])
     print(f"wrote evaluation/results/{page.name}")
 
+
 if __name__ == "__main__":
     main()
