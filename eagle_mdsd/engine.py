@@ -183,8 +183,13 @@ AUTO_DRAFT_VOCAB = 8192
 
 
 def resolve_draft_vocab(head, draft_vocab: int | str | None) -> int | None:
-    """'auto' -> AUTO_DRAFT_VOCAB where the head ships its token ranking, else None (the full vocabulary)."""
+    """A number of tokens, or None for the full vocabulary: 'full' and None give None; 'auto' gives
+    AUTO_DRAFT_VOCAB where the head ships its token ranking, else None."""
+    if draft_vocab in (None, "full"):
+        return None
     if draft_vocab != "auto":
+        if isinstance(draft_vocab, bool) or not isinstance(draft_vocab, int):
+            raise ValueError(f"draft_vocab must be a number of tokens, 'full' or 'auto', got {draft_vocab!r}")
         return draft_vocab
     return min(AUTO_DRAFT_VOCAB, len(head.draft_vocab)) if head is not None and head.draft_vocab else None
 

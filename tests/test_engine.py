@@ -189,6 +189,13 @@ def test_other_architectures_decode_greedily_and_losslessly(family):
     assert result.cycles < 16  # the sharp random head gets drafts accepted: the tree path is exercised
 
 
+def test_draft_vocabulary_takes_full_and_refuses_other_words(tiny):
+    target, draft_head = tiny
+    assert engine.resolve_draft_vocab(draft_head, "full") is None and engine.resolve_draft_vocab(draft_head, None) is None
+    with pytest.raises(ValueError, match="number of tokens, 'full' or 'auto'"):
+        engine.Decoder(target, draft_head, tree.compile_tree(TREES["wide"]), draft_vocab="8192")
+
+
 def test_auto_draft_vocabulary_follows_the_head(tiny):
     _, draft_head = tiny
     assert engine.resolve_draft_vocab(draft_head, "auto") is None and engine.resolve_draft_vocab(None, "auto") is None
