@@ -188,7 +188,7 @@ def cmd_train_head(args) -> None:
         prompts = args.prompts or [training.DEFAULT_PROMPTS]
         shards = training.make_data(out, prompts, args.base_model, args.dtype, args.max_prompts,
                                     args.max_new_tokens, args.batch_size, args.shard_size, args.mix_reference,
-                                    max_minutes=args.max_minutes)
+                                    max_minutes=args.max_minutes, temperature=args.data_temperature)
         print(f"{len(shards)} data shards in {out / 'data'}")
     if args.stage in ("train", "all"):
         state = training.train(out, args.base_model, args.epochs, args.lr, args.tokens_per_batch,
@@ -406,6 +406,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="generation batch in the data stage (on 2 CPU cores 128 answers 1.2x as fast as 32)")
     train.add_argument("--shard-size", type=int, default=256)
     train.add_argument("--mix-reference", action="store_true", help="also train on the datasets' responses")
+    train.add_argument("--temperature", dest="data_temperature", type=float, default=0.0,
+                       help="data stage: sample the answers at this temperature (default 0: greedy)")
     train.add_argument("--dtype", default="bfloat16", help="target dtype for the data stage")
     train.add_argument("--epochs", type=float, default=1.0)
     train.add_argument("--lr", type=float, default=5e-4)

@@ -182,15 +182,21 @@ def _features(target, sequences: list[list[int]], pad_id: int) -> list[torch.Ten
     return [out.last_hidden_state[row, : len(seq)].to("cpu", torch.bfloat16) for row, seq in enumerate(sequences)]
 
 
-def _generate(target, prompts: list[list[int]], max_new_tokens: int, pad_id: int) -> list[list[int]]:
-    """Greedy responses, batched with left padding."""
+def _generate(target, prompts: list[list[int]], max_new_tokens: int, pad_id: int, temperature: float = 0.0,
+              seed: int = 0) -> list[list[int]]:
+    """Responses, batched with left padding: greedy, or sampled at `temperature` (plain sampling, no top-k or
+    top-p) from torch's generator seeded with `seed`."""
     length = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), length), pad_id, dtype=torch.long)
     mask = torch.zeros(len(prompts), length, dtype=torch.long)
     for row, prompt in enumerate(prompts):
         ids[row, length - len(prompt):] = torch.tensor(prompt)
         mask[row, length - len(prompt):] = 1
-    out = target.generate(ids.to(target.device), attention_mask=mask.to(target.device), do_sample=False,
+    sampling = {"do_sample": False}
+    if temperature > 0:
+        sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
+        torch.manual_seed(seed)
+    out = target.generate(ids.to(target.device), attention_mask=mask.to(target.device), **sampling,
                           max_new_tokens=max_new_tokens, pad_token_id=pad_id)
     eos = set(models.eos_token_ids(target))
     rows = out[:, length:].tolist()
@@ -199,14 +205,24 @@ def _generate(target, prompts: list[list[int]], max_new_tokens: int, pad_id: int
 
 def make_data(out_dir: Path, prompt_paths, base_model=None, dtype="bfloat16", max_prompts: int | None = None,
               max_new_tokens: int = 128, batch_size: int = 128, shard_size: int = 256, mix_reference: bool = False,
-              max_prompt_tokens: int = 384, seed: int = 0, max_minutes: float | None = None) -> list[Path]:
+              max_prompt_tokens: int = 384, seed: int = 0, max_minutes: float | None = None,
+              temperature: float = 0.0) -> list[Path]:
+    """The target's answers (greedy; sampled at `temperature` > 0, seeded per batch so a rerun repeats them)
+    and features, in shards of `shard_size` prompts under out_dir/data; a rerun continues."""
+    if temperature < 0:
+        raise ValueError(f"--temperature must be >= 0, got {temperature}")
     data_dir = Path(out_dir) / "data"
     data_dir.mkdir(parents=True, exist_ok=True)
+    record = data_dir / "prompts.json"
+    made_at = json.loads(record.read_text()).get("temperature", 0.0) if record.exists() else temperature
+    if made_at != temperature:
+        raise ValueError(f"{data_dir} holds answers made at temperature {made_at}: pass that --temperature, "
+                         f"or another --run")
     prompts = load_prompts(prompt_paths)
     random.Random(seed).shuffle(prompts)
     prompts = prompts[:max_prompts] if max_prompts else prompts
-    (data_dir / "prompts.json").write_text(json.dumps({"count": len(prompts), "seed": seed, "shard_size": shard_size,
-                                                        "sources": [str(p) for p in prompt_paths]}))
+    record.write_text(json.dumps({"count": len(prompts), "seed": seed, "shard_size": shard_size,
+                                  "sources": [str(p) for p in prompt_paths], "temperature": temperature}))
     target, tokenizer = models.load_target(base_model, models.parse_dtype(dtype))
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     shards = []
@@ -229,7 +245,8 @@ def make_data(out_dir: Path, prompt_paths, base_model=None, dtype="bfloat16", ma
                 continue
             prompt_ids, batch = [ids for ids, _ in encoded], [item for _, item in encoded]
             with torch.inference_mode():
-                responses = _generate(target, prompt_ids, max_new_tokens, pad_id)
+                responses = _generate(target, prompt_ids, max_new_tokens, pad_id, temperature,
+                                      seed=seed * 1_000_003 + start + batch_start)  # per batch: reruns repeat it
                 sequences = [p + r for p, r in zip(prompt_ids, responses)]
                 starts = [len(p) for p in prompt_ids]
                 if mix_reference:

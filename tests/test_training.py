@@ -132,6 +132,24 @@ def _tiny_run(folder, tokenizer, seed=0):
     return str(folder / "model")
 
 
+def test_the_data_stage_samples_at_a_temperature_and_a_rerun_repeats_the_samples(tmp_path):
+    model = _tiny_run(tmp_path / "tiny", _embedded_tokenizer())
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"Name a colour, number {i}."}) + "\n" for i in range(3)))
+
+    def answers(run, temperature):
+        shards = training.make_data(tmp_path / run, [prompts], model, "float32", max_new_tokens=6, batch_size=2,
+                                    shard_size=2, temperature=temperature)
+        return [sample["ids"].tolist() for shard in shards for sample in torch.load(shard)]
+
+    sampled = answers("sampled", 1.0)
+    assert len(sampled) == 3 and sampled != answers("greedy", 0.0)
+    (tmp_path / "sampled" / "data" / "shard_00001.pt").unlink()  # an interrupted run: its rerun samples alike
+    assert answers("sampled", 1.0) == sampled
+    with pytest.raises(ValueError, match="temperature 1.0"):
+        answers("sampled", 0.5)
+
+
 def test_an_interrupted_training_run_resumes_to_the_same_head(tmp_path, monkeypatch):
     tokenizer = _embedded_tokenizer()
     settings = dict(epochs=3, lr=1e-2, tokens_per_batch=48, save_every=1, bf16=False)
