@@ -173,6 +173,25 @@ def check_settings(folder: Path, settings: dict) -> None:
     os.replace(staging, record)
 
 
+def timing_machine(folder: Path, finished: bool) -> dict:
+    """The machine a folder's answers are timed on: recorded in its settings.json by the first run, and named
+    by every report of them, whichever machine rewrites the report.  Adding answers on another machine would
+    mix two machines' timings in one table: a one-line error (a folder whose answers are all done just reports)."""
+    record = Path(folder) / "settings.json"
+    settings = json.loads(record.read_text()) if record.exists() else {}
+    here, made = machine(), settings.get("machine")
+    if made is None:
+        settings["machine"] = made = here
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        staging = record.with_suffix(".tmp")
+        staging.write_text(json.dumps(settings, indent=1) + "\n")
+        os.replace(staging, record)
+    elif made["cpu"] != here["cpu"] and not finished:
+        raise ValueError(f"{folder} holds answers timed on {made['cpu']} and this machine is {here['cpu']}: "
+                         f"finish them there, or pass another --name")
+    return made
+
+
 def _temperature_tag(temperature: float) -> str:
     return f"t{temperature:g}"
 
@@ -218,6 +237,8 @@ def run_benchmark(out: Path, answers: Path, bench_name: str = "mt_bench", count:
     files = {(t, label): Path(answers) / name / _file_safe(
         f"{bench_name}-{models.EMBEDDED_NAME}-{label}-{_temperature_tag(t)}.jsonl")
         for t in temperatures for label in runners if t == 0 or lookup.SUFFIX not in label}  # lookup: T = 0 only
+    wanted = {q["question_id"] for q in chosen}
+    timed_on = timing_machine(Path(answers) / name, all(wanted <= bench.finished_ids(f) for f in files.values()))
     warm = models.chat_prompt_ids(tokenizer, "Hello!")
     for t, label in files:  # one-off costs (allocations, kernels)
         method, runner = runners[label]
@@ -227,7 +248,7 @@ def run_benchmark(out: Path, answers: Path, bench_name: str = "mt_bench", count:
             method, runner = runners[label]
             bench.run(runner[t > 0], tokenizer, [question], answer_file, f"{models.EMBEDDED_NAME}-{label}",
                       bench.Settings(method, max_new_tokens, t, seed), warmup=False, progress=False)
-    result = {"name": name, "date": date, "machine": machine(), "bench": bench_name,
+    result = {"name": name, "date": date, "machine": timed_on, "bench": bench_name,
               "questions": [q["question_id"] for q in chosen],
               "dtype": dtype, "device": device, "max_new_tokens": max_new_tokens,
               "trees": [setup[0] for setup in setups],
@@ -326,17 +347,21 @@ def sweep(out: Path, answers: Path, trees=("chain4", "binary_depth4", "quad_dept
     target, tokenizer = models.load_target(None, models.parse_dtype(dtype), device)
     draft_head = head.load_head(models.DEFAULT_HEAD, target)
     name = name or f"sweep_{datetime.date.today().isoformat()}_{dtype}"
+    files = {cell: Path(answers) / name / _file_safe(f"{cell[1]}-{cell[2]}-{cell[3]}-{_temperature_tag(cell[0])}.jsonl")
+             for cell in cells}
+    wanted = {q["question_id"] for q in chosen}
+    timed_on = timing_machine(Path(answers) / name, all(wanted <= bench.finished_ids(f) for f in files.values()))
     rows = []
     for t, tree_name, drafter, verifier in tqdm(cells, desc="sweep cells"):
         runner = make_runner("eagle", target, tokenizer, draft_head, topologies[tree_name], drafter, verifier,
                              draft_vocab, kernels_choice)
-        answer_file = Path(answers) / name / _file_safe(f"{tree_name}-{drafter}-{verifier}-{_temperature_tag(t)}.jsonl")
+        answer_file = files[t, tree_name, drafter, verifier]
         bench.run(runner, tokenizer, chosen, answer_file, f"{models.EMBEDDED_NAME}-eagle",
                   bench.Settings("eagle", max_new_tokens, t, seed, turns=turns), progress=False)
         totals = report.summarise(answer_file)["all"]
         rows.append({"temperature": t, "tree": tree_name, "drafter": drafter, "verifier": verifier,
                      "tau": totals["tau"], "tokens_per_s": totals["tokens_per_s"], "new_tokens": totals["new_tokens"]})
-    result = {"machine": machine(), "dtype": dtype, "bench": bench_name,
+    result = {"machine": timed_on, "dtype": dtype, "bench": bench_name,
               "draft_vocab": engine.resolve_draft_vocab(draft_head, draft_vocab),
               "kernels": kernels_used(kernels_choice, target),
               "questions": [q["question_id"] for q in chosen], "turns": turns, "max_new_tokens": max_new_tokens,
