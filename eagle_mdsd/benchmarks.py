@@ -36,10 +36,10 @@ def machine() -> dict:
             "python": platform.python_version(), "platform": platform.platform()}
 
 
-def write_page(folder: Path, stem: str, title: str, setup: str, table: list[str]) -> Path:
-    """folder/<stem>_<date>.md: the title with today's date, a line naming this machine followed by `setup`,
-    and the markdown table (header rows first)."""
-    facts, date = machine(), datetime.date.today().isoformat()
+def write_page(folder: Path, stem: str, title: str, setup: str, table: list[str], facts: dict | None = None) -> Path:
+    """folder/<stem>_<date>.md: the title with today's date, a line naming the machine (`facts`, default this
+    one: machine()) followed by `setup`, and the markdown table (header rows first)."""
+    facts, date = facts or machine(), datetime.date.today().isoformat()
     page = Path(folder) / f"{stem}_{date}.md"
     page.write_text("\n".join([f"# {title}, {date}", "", f"Machine: {facts['cpu']}, {facts['threads']} torch threads, "
                                 f"torch {facts['torch']}. {setup}", "", *table, ""]))

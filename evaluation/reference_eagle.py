@@ -91,10 +91,14 @@ def parse_run(text: str) -> tuple[str, float]:
     return dtype, float(temperature)
 
 
-def answer_all(runs, chosen, folder: Path, max_new_tokens: int) -> dict:
-    """Answer every (run, arm) into folder; returns ({(dtype, temperature, arm): answer file}, the transformers
-    version the reference ran on)."""
-    files, versions = {}, set()
+def answer_files(runs, folder: Path) -> dict:
+    """{(dtype, temperature, arm): answer file} of every run and arm."""
+    return {(dtype, t, arm): folder / f"{arm}-{dtype}-t{t:g}.jsonl" for dtype, t in runs for arm in ARMS}
+
+
+def answer_all(runs, chosen, folder: Path, max_new_tokens: int) -> str:
+    """Answer every (run, arm) into its answer file; returns the transformers version the reference ran on."""
+    files, versions = answer_files(runs, folder), set()
     topology = tree.load("eagle_default")
     for dtype in dict.fromkeys(d for d, _ in runs):
         temperatures = [t for d, t in runs if d == dtype]
@@ -115,7 +119,6 @@ def answer_all(runs, chosen, folder: Path, max_new_tokens: int) -> dict:
             for t in temperatures:
                 for arm in ARMS:  # one-off costs (allocations, kernels)
                     arms[arm](t).generate(warm, 16, t, 0)
-                    files[dtype, t, arm] = folder / f"{arm}-{dtype}-t{t:g}.jsonl"
             for index, question in enumerate(tqdm(chosen, desc=f"{dtype}: {len(ARMS)} arms x {temperatures}")):
                 for t in temperatures:
                     order = ARMS[index % len(ARMS):] + ARMS[: index % len(ARMS)]
@@ -124,7 +127,7 @@ def answer_all(runs, chosen, folder: Path, max_new_tokens: int) -> dict:
                                   f"{models.EMBEDDED_NAME}-{arm}", bench.Settings("eagle", max_new_tokens, t),
                                   warmup=False, progress=False)
             reference.close()
-    return files, ", ".join(sorted(versions))
+    return ", ".join(sorted(versions))
 
 
 def same_answers(first: Path, second: Path) -> tuple[int, int]:
@@ -136,7 +139,7 @@ def same_answers(first: Path, second: Path) -> tuple[int, int]:
 
 
 def write_report(runs, files, folder_name: str, name: str, chosen, max_new_tokens: int,
-                 reference_transformers: str) -> Path:
+                 reference_transformers: str, timed_on: dict) -> Path:
     lines = ["| dtype | T | arm | tokens/s | tau | ms per cycle | speedup over the reference | same answers as "
              "the reference |", "|---|---|---|---|---|---|---|---|"]
     for dtype, t in runs:
@@ -156,7 +159,8 @@ def write_report(runs, files, folder_name: str, name: str, chosen, max_new_token
              f"included); tau = tokens / verification cycles; ms per cycle = wall time / cycles. Answers: "
              f"evaluation/answers/reference_eagle/{folder_name}/.")
     return benchmarks.write_page(ROOT / "evaluation" / "results", name,
-                                 "EAGLE's reference code (eagle-llm 1.2.1) against this engine", setup, lines)
+                                 "EAGLE's reference code (eagle-llm 1.2.1) against this engine", setup, lines,
+                                 timed_on)
 
 
 def main() -> None:
@@ -178,9 +182,11 @@ def main() -> None:
     suite.check_settings(folder, {"head": suite.head_checksum(models.DEFAULT_HEAD), "questions": args.questions,
                                   "max_new_tokens": args.max_new_tokens, "runs": [list(r) for r in runs]})
     chosen = suite.spread(questions.load("mt_bench"), args.questions)
-    files, reference_transformers = answer_all(runs, chosen, folder, args.max_new_tokens)
-    print(write_report(runs, files, folder.name, args.name, chosen, args.max_new_tokens,
-                       reference_transformers).read_text())
+    files, wanted = answer_files(runs, folder), {q["question_id"] for q in chosen}
+    timed_on = suite.timing_machine(folder, all(wanted <= bench.finished_ids(f) for f in files.values()))
+    reference_transformers = answer_all(runs, chosen, folder, args.max_new_tokens)
+    print(write_report(runs, files, folder.name, args.name, chosen, args.max_new_tokens, reference_transformers,
+                       timed_on).read_text())
 
 
 if __name__ == "__main__":
