@@ -36,7 +36,8 @@ def machine() -> dict:
             "python": platform.python_version(), "platform": platform.platform()}
 
 
-def write_page(folder: Path, stem: str, title: str, setup: str, table: list[str], facts: dict | None = None) -> Path:
+def write_page(folder: Path, stem: str, title: str, setup: str, table: list[str],
+               facts: dict | None = None) -> Path:
     """folder/<stem>_<date>.md: the title with today's date, a line naming the machine (`facts`, default this
     one: machine()) followed by `setup`, and the markdown table (header rows first)."""
     facts, date = facts or machine(), datetime.date.today().isoformat()

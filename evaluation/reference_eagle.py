@@ -153,11 +153,11 @@ def write_report(runs, files, folder_name: str, name: str, chosen, max_new_token
                          f"{totals['tokens_per_s'] / reference['tokens_per_s']:.2f}x | {same} |")
     setup = (f"The reference: eagle-llm 1.2.1 on transformers {reference_transformers}, set up as "
              f"evaluation/reference_worker.py says (the model's rotary base; the EOS id); ours on transformers "
-             f"{transformers.__version__}. Embedded default ({models.EMBEDDED_NAME}), shipped head, eagle_default tree, MT-Bench questions "
-             f"{', '.join(str(q['question_id']) for q in chosen)} (both turns, each arm its own conversation), "
-             f"at most {max_new_tokens} new tokens a turn, arms taking turns question by question. Tokens/s = tokens / wall time (prefill "
-             f"included); tau = tokens / verification cycles; ms per cycle = wall time / cycles. Answers: "
-             f"evaluation/answers/reference_eagle/{folder_name}/.")
+             f"{transformers.__version__}. Embedded default ({models.EMBEDDED_NAME}), shipped head, eagle_default "
+             f"tree, MT-Bench questions {', '.join(str(q['question_id']) for q in chosen)} (both turns, each arm "
+             f"its own conversation), at most {max_new_tokens} new tokens a turn, arms taking turns question by "
+             f"question. Tokens/s = tokens / wall time (prefill included); tau = tokens / verification cycles; ms "
+             f"per cycle = wall time / cycles. Answers: evaluation/answers/reference_eagle/{folder_name}/.")
     return benchmarks.write_page(ROOT / "evaluation" / "results", name,
                                  "EAGLE's reference code (eagle-llm 1.2.1) against this engine", setup, lines,
                                  timed_on)
