@@ -173,10 +173,13 @@ def check_settings(folder: Path, settings: dict) -> None:
     os.replace(staging, record)
 
 
-def timing_machine(folder: Path, finished: bool) -> dict:
+def timing_machine(folder: Path, answer_files, chosen: list[dict]) -> dict:
     """The machine a folder's answers are timed on: recorded in its settings.json by the first run, and named
     by every report of them, whichever machine rewrites the report.  Adding answers on another machine would
-    mix two machines' timings in one table: a one-line error (a folder whose answers are all done just reports)."""
+    mix two machines' timings in one table: a one-line error (when every answer file already holds every
+    chosen question, the run only reports)."""
+    wanted = {q["question_id"] for q in chosen}
+    finished = all(wanted <= bench.finished_ids(Path(f)) for f in answer_files)
     record = Path(folder) / "settings.json"
     settings = json.loads(record.read_text()) if record.exists() else {}
     here, made = machine(), settings.get("machine")
@@ -237,8 +240,7 @@ def run_benchmark(out: Path, answers: Path, bench_name: str = "mt_bench", count:
     files = {(t, label): Path(answers) / name / _file_safe(
         f"{bench_name}-{models.EMBEDDED_NAME}-{label}-{_temperature_tag(t)}.jsonl")
         for t in temperatures for label in runners if t == 0 or lookup.SUFFIX not in label}  # lookup: T = 0 only
-    wanted = {q["question_id"] for q in chosen}
-    timed_on = timing_machine(Path(answers) / name, all(wanted <= bench.finished_ids(f) for f in files.values()))
+    timed_on = timing_machine(Path(answers) / name, files.values(), chosen)
     warm = models.chat_prompt_ids(tokenizer, "Hello!")
     for t, label in files:  # one-off costs (allocations, kernels)
         method, runner = runners[label]
@@ -349,8 +351,7 @@ def sweep(out: Path, answers: Path, trees=("chain4", "binary_depth4", "quad_dept
     name = name or f"sweep_{datetime.date.today().isoformat()}_{dtype}"
     files = {cell: Path(answers) / name / _file_safe(f"{cell[1]}-{cell[2]}-{cell[3]}-{_temperature_tag(cell[0])}.jsonl")
              for cell in cells}
-    wanted = {q["question_id"] for q in chosen}
-    timed_on = timing_machine(Path(answers) / name, all(wanted <= bench.finished_ids(f) for f in files.values()))
+    timed_on = timing_machine(Path(answers) / name, files.values(), chosen)
     rows = []
     for t, tree_name, drafter, verifier in tqdm(cells, desc="sweep cells"):
         runner = make_runner("eagle", target, tokenizer, draft_head, topologies[tree_name], drafter, verifier,

@@ -106,8 +106,7 @@ def answer_all(runs, chosen, folder: Path, max_new_tokens: int) -> str:
         draft_head = head.load_head(models.DEFAULT_HEAD, target)
         eos = models.eos_token_ids(target, tokenizer)
         with tempfile.TemporaryDirectory() as scratch:
-            head.save_head(draft_head.float(), scratch, target)  # the EAGLE-1 format, as released heads come
-            draft_head.to(target.dtype)
+            head.save_head(draft_head, scratch, target)  # the EAGLE-1 format, as released heads come
             reference = ReferenceDecoder(target, Path(scratch), dtype, eos[0])
             versions.add(reference.transformers_version)
             pairs = {t: suite.SAMPLING_PAIR.split("/") if t > 0 else ("topk", "topk") for t in temperatures}
@@ -178,12 +177,17 @@ def main() -> None:
         runs = [parse_run(text) for text in args.runs.split(",") if text]
     except ValueError as error:
         parser.error(str(error))
+    if not REFERENCE_PYTHON.exists():  # before any folder is made
+        parser.error(f"{REFERENCE_PYTHON.relative_to(ROOT)} does not exist: run `bash scripts/setup_reference.sh` "
+                     f"first")
     folder = ROOT / "evaluation" / "answers" / "reference_eagle" / f"{args.name}_{datetime.date.today().isoformat()}"
-    suite.check_settings(folder, {"head": suite.head_checksum(models.DEFAULT_HEAD), "questions": args.questions,
-                                  "max_new_tokens": args.max_new_tokens, "runs": [list(r) for r in runs]})
-    chosen = suite.spread(questions.load("mt_bench"), args.questions)
-    files, wanted = answer_files(runs, folder), {q["question_id"] for q in chosen}
-    timed_on = suite.timing_machine(folder, all(wanted <= bench.finished_ids(f) for f in files.values()))
+    chosen, files = suite.spread(questions.load("mt_bench"), args.questions), answer_files(runs, folder)
+    try:
+        suite.check_settings(folder, {"head": suite.head_checksum(models.DEFAULT_HEAD), "questions": args.questions,
+                                      "max_new_tokens": args.max_new_tokens, "runs": [list(r) for r in runs]})
+        timed_on = suite.timing_machine(folder, files.values(), chosen)
+    except ValueError as error:
+        parser.error(str(error))
     reference_transformers = answer_all(runs, chosen, folder, args.max_new_tokens)
     print(write_report(runs, files, folder.name, args.name, chosen, args.max_new_tokens, reference_transformers,
                        timed_on).read_text())

@@ -264,13 +264,15 @@ def test_a_benchmark_resumes_only_answers_made_with_the_same_settings(tmp_path):
 def test_answers_name_the_machine_they_were_timed_on(tmp_path, monkeypatch):
     folder = tmp_path / "benchmark_x"
     suite.check_settings(folder, {"dtype": "bfloat16"})
+    answers, chosen = [folder / "eagle-t0.jsonl"], [{"question_id": 81}, {"question_id": 82}]
+    answers[0].write_text(json.dumps({"question_id": 81}) + "\n")
     monkeypatch.setattr(suite, "machine", lambda: {"cpu": "first cpu", "threads": 2})
-    assert suite.timing_machine(folder, finished=False)["cpu"] == "first cpu"  # recorded by the first run
+    assert suite.timing_machine(folder, answers, chosen)["cpu"] == "first cpu"  # recorded by the first run
     assert suite.check_settings(folder, {"dtype": "bfloat16"}) is None  # the record still resumes
     monkeypatch.setattr(suite, "machine", lambda: {"cpu": "second cpu", "threads": 2})
-    assert suite.timing_machine(folder, finished=True)["cpu"] == "first cpu"  # a report of finished answers
     with pytest.raises(ValueError, match="timed on first cpu and this machine is second cpu.*another --name"):
-        suite.timing_machine(folder, finished=False)  # more answers here would mix two machines
+        suite.timing_machine(folder, answers, chosen)  # question 82 answered here would mix two machines
+    assert suite.timing_machine(folder, answers, chosen[:1])["cpu"] == "first cpu"  # all done: a report only
 
 
 def test_the_head_checksum_changes_with_any_file_of_the_head(tmp_path):
