@@ -349,7 +349,8 @@ def unrolled_predictions(draft_head, features, embedded, unroll: int = 1) -> lis
         visible = _unrolled_mask(length, step).to(features.device)
         attention = additive_mask(visible, torch.float32).to(features.dtype).expand(batch, -1, -1, -1)
         passes.append(draft_head(inputs, embedded, positions, attention, cache))
-        inputs = torch.cat([features[:, :1], passes[-1][:, :-1]], 1)
+        if step < unroll:
+            inputs = torch.cat([features[:, :1], passes[-1][:, :-1]], 1)
     return passes
 
 
