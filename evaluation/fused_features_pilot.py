@@ -126,23 +126,6 @@ def collate(batch: list[dict], arm: str):
     return inputs, tokens, targets, mask
 
 
-def batches(files: list[Path], rng: random.Random, tokens_per_batch: int = 4096):
-    order = list(files)
-    rng.shuffle(order)
-    for file in order:
-        samples = [s for s in torch.load(file, weights_only=True) if len(s["ids"]) - s["start"] >= 2]
-        rng.shuffle(samples)
-        batch, tokens = [], 0
-        for sample in samples:
-            batch.append(sample)
-            tokens += len(sample["ids"])
-            if tokens >= tokens_per_batch:
-                yield batch
-                batch, tokens = [], 0
-        if batch:
-            yield batch
-
-
 def new_head(arm: str, target):
     torch.manual_seed(0)
     config = head_module.head_config_for(target.config)
@@ -160,11 +143,11 @@ def train(arm: str, target, files: list[Path], draft_rows: torch.Tensor, epochs:
     draft = new_head(arm, target).train()
     embed = target.get_input_embeddings()
     lm_head = training.draft_vocab_lm_head(target.get_output_embeddings(), draft_rows)
-    total = int(sum(1 for _ in batches(files, random.Random(0))) * epochs)
+    total = int(sum(1 for _ in training._batches(files, 4096, random.Random(0))) * epochs)
     optimizer = torch.optim.AdamW(draft.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     step, epoch = 0, 0
     while step < total:
-        for batch in batches(files, random.Random(epoch)):
+        for batch in training._batches(files, 4096, random.Random(epoch)):
             if step >= total:
                 break
             for group in optimizer.param_groups:
