@@ -48,9 +48,9 @@ def inner_states(target):
     return kept
 
 
-def featurise(runs: list[Path], work: Path, target, pad_id: int) -> list[tuple[Path, Path]]:
+def featurise(runs: list[Path], work: Path, target, kept: dict, pad_id: int) -> list[tuple[Path, Path]]:
     """(shard, copy) pairs: copies of the runs' shards with each sample's 'low' and 'mid' states (bf16)."""
-    kept, made = inner_states(target), []
+    made = []
     for run in runs:
         for shard in sorted((run / "data").glob("shard_*.pt")):
             dest = work / f"{run.name}_{shard.name}"
@@ -77,12 +77,12 @@ def featurise(runs: list[Path], work: Path, target, pad_id: int) -> list[tuple[P
     return made
 
 
-def mt_bench_set(work: Path, target, tokenizer, pad_id: int) -> Path:
+def mt_bench_set(work: Path, target, kept: dict, tokenizer, pad_id: int) -> Path:
     """The target's greedy answers (128 tokens) to the 80 MT-Bench first turns, with all three states."""
     dest = work / "mt_bench_first_turns.pt"
     if dest.exists():
         return dest
-    kept, samples = inner_states(target), []
+    samples = []
     prompts = [models.chat_prompt_ids(tokenizer, q["turns"][0]) for q in questions.load("mt_bench")]
     for start in range(0, len(prompts), 20):
         with torch.inference_mode():
@@ -224,8 +224,9 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     target, tokenizer = models.load_target(None, torch.bfloat16)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    pairs = featurise(runs, work, target, pad_id)
-    mt_file = mt_bench_set(work, target, tokenizer, pad_id)
+    kept = inner_states(target)
+    pairs = featurise(runs, work, target, kept, pad_id)
+    mt_file = mt_bench_set(work, target, kept, tokenizer, pad_id)
     held_out = [copy for shard, copy in pairs if shard.parent.parent == runs[0]][-1]
     train_pairs = [(shard, copy) for shard, copy in pairs if copy != held_out]
     train_files = [copy for _, copy in train_pairs]
