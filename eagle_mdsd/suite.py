@@ -167,7 +167,13 @@ def check_settings(folder: Path, settings: dict) -> None:
     if any(Path(folder).glob("*.jsonl")):
         raise ValueError(f"{folder} holds answers without a settings.json, made with unknown settings: pass "
                          f"another --name, or delete the folder to start over")
+    _write_settings(folder, settings)
+
+
+def _write_settings(folder: Path, settings: dict) -> None:
+    """folder/settings.json, written whole or not at all."""
     Path(folder).mkdir(parents=True, exist_ok=True)
+    record = Path(folder) / "settings.json"
     staging = record.with_suffix(".tmp")
     staging.write_text(json.dumps(settings, indent=1) + "\n")
     os.replace(staging, record)
@@ -185,10 +191,7 @@ def timing_machine(folder: Path, answer_files, chosen: list[dict]) -> dict:
     here, made = machine(), settings.get("machine")
     if made is None:
         settings["machine"] = made = here
-        Path(folder).mkdir(parents=True, exist_ok=True)
-        staging = record.with_suffix(".tmp")
-        staging.write_text(json.dumps(settings, indent=1) + "\n")
-        os.replace(staging, record)
+        _write_settings(folder, settings)
     elif made["cpu"] != here["cpu"] and not finished:
         raise ValueError(f"{folder} holds answers timed on {made['cpu']} and this machine is {here['cpu']}: "
                          f"finish them there, or pass another --name")
