@@ -284,7 +284,7 @@ class Decoder:
         tree_size = self.tree.size + self.lookup_tokens if method == "eagle" else 0
         capacity = len(prompt) + max_new_tokens + tree_size + 2
         self.target_cache = preallocated_cache(self.target.config.num_hidden_layers, capacity)
-        self.head_cache = preallocated_cache(1, capacity) if method == "eagle" else None
+        self.head_cache = preallocated_cache(len(self.head.layers), capacity) if method == "eagle" else None
         generator = torch.Generator(device=device).manual_seed(seed)
         self.timer = PhaseTimer(profile, device)
         with torch.inference_mode(), kernels.packed(self.packed):

@@ -1,7 +1,9 @@
 """The EAGLE-1 draft head and its checkpoint format.
 
 h = fc(concat(embed(token_{t+1}), feature_t)), embedding first, then one stock
-Llama decoder layer whose input_layernorm is skipped; no final norm.  The
+Llama decoder layer whose input_layernorm is skipped; no final norm.  (A head
+may have more layers, num_hidden_layers in its config; the later ones keep
+their input norms.  The released heads and the shipped one have one.)  The
 token embedding and lm_head are the target's (shared, not copied).  The
 feature is the target's last hidden state after its final norm.
 
@@ -10,7 +12,7 @@ how often they occur in the head's training answers: the decoder can draft
 over the most frequent N of them only (FR-Spec, Zhao et al. 2025), which on a
 small target with a large vocabulary cuts the head's lm_head cost by V/N.
 
-Checkpoints: a folder with config.json (a Llama config, num_hidden_layers 1,
+Checkpoints: a folder with config.json (a Llama config, num_hidden_layers 1 for EAGLE-1,
 optional top-level "bias" for fc, default true) and pytorch_model.bin or
 model.safetensors with the released key names (fc.*, layers.0.*, and in the
 EAGLE-1 release a frozen copy of embed_tokens.weight, which we check and
@@ -39,17 +41,18 @@ class EagleHead(nn.Module):
         self.bias = bias
         hidden = config.hidden_size
         self.fc = nn.Linear(2 * hidden, hidden, bias=bias)
-        layer = LlamaDecoderLayer(config, layer_idx=0)
-        layer.input_layernorm = nn.Identity()  # EAGLE-1: attention runs directly on the fc output
-        self.layers = nn.ModuleList([layer])
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, layer_idx=i) for i in range(config.num_hidden_layers))
+        self.layers[0].input_layernorm = nn.Identity()  # EAGLE-1: attention runs directly on the fc output
         self.rotary_emb = LlamaRotaryEmbedding(config)
 
     def forward(self, features, embeddings, position_ids, attention_mask, cache):
         """Predicted next features [1, k, H] for k (feature, embedded token) pairs."""
         hidden = self.fc(torch.cat([embeddings, features], dim=-1))
         position_embeddings = self.rotary_emb(hidden, position_ids=position_ids)
-        return self.layers[0](hidden, attention_mask=attention_mask, position_ids=position_ids,
-                              past_key_values=cache, use_cache=True, position_embeddings=position_embeddings)
+        for layer in self.layers:
+            hidden = layer(hidden, attention_mask=attention_mask, position_ids=position_ids, past_key_values=cache,
+                           use_cache=True, position_embeddings=position_embeddings)
+        return hidden
 
 
 def head_config_for(target_config):
@@ -67,10 +70,12 @@ def head_config_for(target_config):
     return config
 
 
-def random_head(target, seed: int = 0) -> EagleHead:
+def random_head(target, seed: int = 0, layers: int = 1) -> EagleHead:
     """An untrained head for `target` (tests: correctness must not depend on head quality)."""
     torch.manual_seed(seed)
-    head = EagleHead(head_config_for(target.config))
+    config = head_config_for(target.config)
+    config.num_hidden_layers = layers
+    head = EagleHead(config)
     for module in head.modules():
         if isinstance(module, nn.Linear):
             nn.init.normal_(module.weight, std=0.02)
@@ -122,8 +127,9 @@ def load_head(spec: str, target) -> EagleHead:
     bias = bool(raw.pop("bias", True))
     config = LlamaConfig(**{k: v for k, v in raw.items() if k not in ("architectures",)})
     check_fits(config, target.config, str(spec))
-    if config.num_hidden_layers != 1:
-        raise ValueError(f"draft head {spec}: num_hidden_layers is {config.num_hidden_layers}, EAGLE-1 heads have 1")
+    if config.num_hidden_layers < 1:
+        raise ValueError(f"draft head {spec}: num_hidden_layers is {config.num_hidden_layers}; a head needs at "
+                         f"least one decoder layer (EAGLE-1 heads have 1)")
     state = _read_weights(folder)
     embed = state.pop("embed_tokens.weight", None)
     if embed is not None and tuple(embed.shape) != tuple(target.get_input_embeddings().weight.shape):
@@ -155,7 +161,7 @@ def save_head(head: EagleHead, folder, target=None, safetensors: bool = False) -
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     config = head.config.to_dict()
-    config.update({"bias": head.bias, "num_hidden_layers": 1, "architectures": ["LlamaForCausalLM"]})
+    config.update({"bias": head.bias, "num_hidden_layers": len(head.layers), "architectures": ["LlamaForCausalLM"]})
     config.pop("_attn_implementation_autoset", None)
     (folder / "config.json").write_text(json.dumps(config, indent=2, default=str) + "\n")
     state = {k: v.detach().to("cpu").contiguous() for k, v in head.state_dict().items()}

@@ -96,7 +96,7 @@ def time_cycle_parts(decoder: engine.Decoder, prompt: list[int], sizes=(1, 2, 4,
     length = len(prompt)
     capacity = length + max(sizes) + 2
     decoder.target_cache = engine.preallocated_cache(decoder.target.config.num_hidden_layers, capacity)
-    decoder.head_cache = engine.preallocated_cache(1, capacity)
+    decoder.head_cache = engine.preallocated_cache(len(decoder.head.layers), capacity)
     timings = {"target_s": {}, "head_step_s": 0.0}
     with torch.inference_mode():
         causal = torch.ones(length, length, dtype=torch.bool, device=device).tril_()

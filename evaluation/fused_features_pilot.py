@@ -138,9 +138,11 @@ def new_head(arm: str, target):
     return draft.float()
 
 
-def train(arm: str, target, files: list[Path], draft_rows: torch.Tensor, epochs: float, lr: float = 5e-4):
-    """training.train's loop in brief (AdamW 0.9/0.95, warm-up and cosine, clip 0.5, bf16 autocast, seed 0)."""
-    draft = new_head(arm, target).train()
+def train(arm: str, target, files: list[Path], draft_rows: torch.Tensor, epochs: float, lr: float = 5e-4,
+          draft=None):
+    """training.train's loop in brief (AdamW 0.9/0.95, warm-up and cosine, clip 0.5, bf16 autocast, seed 0), from
+    a new head for `arm` or from `draft` (fp32)."""
+    draft = (new_head(arm, target) if draft is None else draft).train()
     embed = target.get_input_embeddings()
     lm_head = training.draft_vocab_lm_head(target.get_output_embeddings(), draft_rows)
     total = int(sum(1 for _ in training._batches(files, 4096, random.Random(0))) * epochs)

@@ -125,6 +125,19 @@ def test_temperature_zero_is_greedy_for_every_pair(tiny):
         assert decoder.generate(PROMPT, 12, 0.0).token_ids == reference.tolist(), (scheme, verifier, tree_name)
 
 
+def test_a_two_layer_head_drafts_through_its_own_cache_and_stays_greedy(tiny):
+    target, _ = tiny
+    draft_head = head.random_head(target, seed=5, layers=2)
+    sequence = list(PROMPT)
+    with torch.no_grad():
+        for _ in range(12):
+            sequence.append(int(target(torch.tensor([sequence])).logits[0, -1].argmax()))
+    for scheme, verifier in (("topk", "topk"), ("without_replacement", "rrs_wo")):
+        decoder = engine.Decoder(target, draft_head, tree.compile_tree(TREES["wide"]), scheme, verifier)
+        assert decoder.generate(PROMPT, 12, 0.0).token_ids == sequence[len(PROMPT):]
+        assert len(decoder.head_cache.layers) == 2
+
+
 def test_baseline_and_stats(tiny):
     target, draft_head = tiny
     decoder = engine.Decoder(target, draft_head, tree.compile_tree(TREES["wide"]))

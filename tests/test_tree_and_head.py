@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import sys
@@ -71,7 +72,7 @@ def head_logits(draft_head, target):
     mask = additive_mask(torch.ones(5, 5, dtype=torch.bool).tril(), target.dtype)
     with torch.no_grad():
         out = draft_head(features, target.get_input_embeddings()(tokens), torch.arange(5)[None], mask,
-                         preallocated_cache(1, 8))
+                         preallocated_cache(len(draft_head.layers), 8))
     return target.get_output_embeddings()(out)
 
 
@@ -91,6 +92,39 @@ def test_head_round_trip_in_eagle1_format(tmp_path, safetensors):
         assert not any("input_layernorm" in k or "lm_head" in k for k in keys)
     reloaded = head.load_head(str(folder), target)
     assert torch.equal(head_logits(original, target), head_logits(reloaded, target))
+
+
+def test_a_two_layer_head_round_trips_and_keeps_a_cache_per_layer(tmp_path):
+    from eagle_mdsd.engine import additive_mask, preallocated_cache
+
+    target = tiny_target(vocab=11)
+    original = head.random_head(target, seed=3, layers=2)
+    norms = [type(layer.input_layernorm).__name__ for layer in original.layers]
+    assert norms == ["Identity", "LlamaRMSNorm"]  # EAGLE-1's first layer skips it, a later one keeps it
+    folder = head.save_head(original, tmp_path / "head", safetensors=True)
+    assert json.loads((folder / "config.json").read_text())["num_hidden_layers"] == 2
+    assert torch.equal(head_logits(original, target), head_logits(head.load_head(str(folder), target), target))
+    torch.manual_seed(2)  # five positions in one causal pass = three, then two more through the cache
+    width = target.config.hidden_size
+    features, embedded = torch.randn(1, 5, width, dtype=target.dtype), torch.randn(1, 5, width, dtype=target.dtype)
+    visible = torch.ones(5, 5, dtype=torch.bool).tril()
+    with torch.no_grad():
+        whole = original(features, embedded, torch.arange(5)[None], additive_mask(visible, target.dtype), None)
+        cache = preallocated_cache(2, 8)
+        first = original(features[:, :3], embedded[:, :3], torch.arange(3)[None],
+                         additive_mask(visible[:3, :3], target.dtype), cache)
+        then = original(features[:, 3:], embedded[:, 3:], torch.arange(3, 5)[None],
+                        additive_mask(visible[3:], target.dtype), cache)
+    assert torch.allclose(torch.cat([first, then], 1), whole, atol=1e-5)
+    first_layer_only = copy.deepcopy(original)
+    del first_layer_only.layers[1]
+    with torch.no_grad():  # the second layer is used
+        alone = first_layer_only(features, embedded, torch.arange(5)[None], additive_mask(visible, target.dtype), None)
+    assert not torch.allclose(alone, whole, atol=1e-3)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 0}))
+    with pytest.raises(ValueError, match="num_hidden_layers is 0; a head needs at least one decoder layer"):
+        head.load_head(str(folder), target)
 
 
 def test_draft_vocabulary_round_trip_and_check(tmp_path):

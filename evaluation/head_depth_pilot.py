@@ -1,0 +1,148 @@
+"""Pilot: does a second decoder layer help the shipped head on the embedded default?
+
+The shipped head is fine-tuned on the given data runs twice, with the same batches, steps, learning rate and seed:
+`tuned` as it is (one layer), `grown` with a second stock Llama decoder layer appended whose output projections
+(attention o_proj, MLP down_proj) start at zero, so it starts as the shipped head exactly and can only add to it.
+Then two heads from scratch, `scratch1` with one layer and `scratch2` with two, on the same data for
+--scratch-epochs (the one-layer head is `fused_features_pilot.py`'s eagle1 arm, but with the shipped head's draft
+vocabulary in the cross-entropy).
+Scored as `fused_features_pilot.py` scores (teacher-forced at draft depth 1: the target's greedy token as the
+head's top-1 / within its top 4), on a held-out shard and on the target's greedy answers to the 80 MT-Bench first
+turns; the shipped head is scored alongside.  A fine-tuned head is also exported (`--work`/ARM, the compact format
+with the shipped draft vocabulary), so `eagle-mdsd bench --ea-model` can measure its tau.
+
+    python evaluation/head_depth_pilot.py --data runs/data-t0 runs/data-t1 --mt-bench runs/fused/mt_bench_first_turns.pt
+
+`--mt-bench`: the MT-Bench set `fused_features_pilot.py` writes (made here when missing).  The first run's last shard
+is held out.  One result line per arm in --work/results.jsonl; a rerun skips finished arms, then writes the page.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import json
+import time
+from pathlib import Path
+
+import torch
+
+import fused_features_pilot as base
+from eagle_mdsd import head as head_module
+from eagle_mdsd import models
+from eagle_mdsd.benchmarks import machine
+
+ARMS = ("shipped", "tuned", "grown", "scratch1", "scratch2")
+LR = 3e-4  # the fine-tuning rate of the shipped head's recipe
+SCRATCH_LR = 5e-4  # fused_features_pilot.py's, whose eagle1 arm scratch1 is
+
+
+def grown(draft: head_module.EagleHead) -> head_module.EagleHead:
+    """`draft` with one more decoder layer that adds nothing yet (zero o_proj and down_proj)."""
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    deeper = copy.deepcopy(draft)
+    deeper.config.num_hidden_layers = len(draft.layers) + 1
+    torch.manual_seed(0)
+    layer = LlamaDecoderLayer(deeper.config, layer_idx=len(draft.layers))
+    for module in layer.modules():
+        if isinstance(module, torch.nn.Linear):
+            torch.nn.init.normal_(module.weight, std=0.02)
+    torch.nn.init.zeros_(layer.self_attn.o_proj.weight)
+    torch.nn.init.zeros_(layer.mlp.down_proj.weight)
+    deeper.layers.append(layer.to(dtype=next(draft.parameters()).dtype))
+    return deeper
+
+
+def page(results: list[dict], args, facts: dict) -> str:
+    lines = [f"# A second decoder layer for the shipped head: a pilot, {facts['date']}", "",
+             f"Machine: {facts['machine']}. Command: `python evaluation/head_depth_pilot.py --data "
+             f"{' '.join(args.data)} --mt-bench {args.mt_bench} --epochs {args.epochs:g} --scratch-epochs "
+             f"{args.scratch_epochs:g}`. `tuned`: the shipped "
+             f"(one-layer) head fine-tuned on {facts['train_shards']} shards ({facts['train_sequences']:,} "
+             f"sequences); `grown`: the shipped head with a second Llama decoder layer whose output projections start "
+             f"at zero, fine-tuned the same (same batches of 4,096 tokens, steps, lr {LR:g} with warm-up and cosine, "
+             f"seed). `scratch1` / `scratch2`: one- / two-layer heads from scratch on the same data, lr "
+             f"{SCRATCH_LR:g}. Scored teacher-forced at depth 1 (full vocabulary): the target's greedy token as the head's "
+             f"top-1 / within its top 4, on the held-out shard `{facts['held_out']}` and on the target's greedy "
+             f"answers to the 80 MT-Bench first turns (128 tokens; evaluation only). The shipped head's earlier "
+             f"versions also saw the default prompts, so its held-out column is not held out.", "",
+             "Data (`eagle-mdsd train-head data`, each run's data/prompts.json): " + "; ".join(
+                 f"`{run}`: {made['count']:,} prompts, answers at temperature {made.get('temperature', 0.0):g}"
+                 for run, made in facts["runs"].items()) + ".", "",
+             "| head | layers | steps | training min | held-out top-1 | top-4 | MT-Bench top-1 | top-4 |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        lines.append(f"| {r['arm']} | {r['layers']} | {r['steps']} | {r['train_s'] / 60:.1f} | {r['held_top1']:.3f} "
+                     f"| {r['held_top4']:.3f} | {r['mt_top1']:.3f} | {r['mt_top4']:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--data", nargs="+", required=True, help="runs of `eagle-mdsd train-head data`")
+    parser.add_argument("--mt-bench", default="runs/fused/mt_bench_first_turns.pt")
+    parser.add_argument("--epochs", type=float, default=2.0, help="of the fine-tuned arms")
+    parser.add_argument("--scratch-epochs", type=float, default=4.0, help="of the arms from scratch")
+    parser.add_argument("--work", default="runs/head_depth_pilot")
+    parser.add_argument("--out", default=f"evaluation/results/head_depth_pilot_{datetime.date.today()}_bfloat16.md")
+    args = parser.parse_args()
+    runs = [Path(run) for run in args.data]
+    shards = {run: sorted((run / "data").glob("shard_*.pt")) for run in runs}
+    for run, found in shards.items():
+        if not found:
+            parser.error(f"no data shards in {run / 'data'}: run `eagle-mdsd train-head data --run {run}` first")
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    mt_file = Path(args.mt_bench)
+    if not mt_file.exists():
+        target, tokenizer = models.load_target(None, torch.bfloat16)
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        mt_file = base.mt_bench_set(work, target, base.inner_states(target), tokenizer, pad_id)
+    held_out = shards[runs[0]][-1]
+    train_files = [shard for found in shards.values() for shard in found if shard != held_out]
+    target, _ = models.load_target(None, torch.float32)  # training as `train-head train` does: fp32 + autocast
+    for parameter in target.parameters():
+        parameter.requires_grad_(False)
+    shipped = head_module.load_head(models.DEFAULT_HEAD, target).float()
+    draft_rows = torch.tensor(sorted(shipped.draft_vocab[:8192]))  # the decoder's draft vocabulary
+    record = work / "results.jsonl"
+    done = {json.loads(line)["arm"]: json.loads(line) for line in record.read_text().splitlines()} \
+        if record.exists() else {}
+    held = torch.load(held_out, weights_only=True)
+    mt = torch.load(mt_file, weights_only=True)
+    for arm in ARMS:
+        if arm in done:
+            continue
+        started = time.monotonic()
+        if arm == "shipped":
+            draft, steps = shipped, 0
+        elif arm.startswith("scratch"):
+            start = head_module.random_head(target, seed=0, layers=int(arm[-1])).float()
+            draft, steps = base.train("eagle1", target, train_files, draft_rows, args.scratch_epochs, SCRATCH_LR,
+                                      draft=start)
+        else:
+            start = copy.deepcopy(shipped) if arm == "tuned" else grown(shipped)
+            draft, steps = base.train("eagle1", target, train_files, draft_rows, args.epochs, LR, draft=start)
+            head_module.save_head(copy.deepcopy(draft).half(), work / arm, safetensors=True)
+        result = {"arm": arm, "layers": len(draft.layers), "steps": steps,
+                  "train_s": round(time.monotonic() - started) if steps else 0}
+        result["held_top1"], result["held_top4"], result["held_tokens"] = base.score(draft, "eagle1", target, held)
+        result["mt_top1"], result["mt_top4"], result["mt_tokens"] = base.score(draft, "eagle1", target, mt)
+        print(json.dumps(result), flush=True)
+        with record.open("a") as out:
+            out.write(json.dumps(result) + "\n")
+        done[arm] = result
+    facts = {"date": datetime.date.today().isoformat(), "held_out": f"{held_out.parent.parent.name}/"
+             f"{held_out.name}", "runs": {run.name: json.loads((run / "data" / "prompts.json").read_text())
+                                           for run in runs},
+             "machine": f"{machine()['cpu']}, {machine()['threads']} threads, torch {torch.__version__}",
+             "train_shards": len(train_files),
+             "train_sequences": sum(len(torch.load(f, weights_only=True)) for f in train_files)}
+    Path(args.out).write_text(page([done[arm] for arm in ARMS], args, facts))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

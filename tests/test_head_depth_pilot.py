@@ -1,0 +1,63 @@
+"""evaluation/head_depth_pilot.py: the grown head starts as the head it grew from, and its new layer learns."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from eagle_mdsd import head, training
+from eagle_mdsd.engine import additive_mask, preallocated_cache
+
+from tiny import tiny_target
+
+EVALUATION = Path(__file__).resolve().parent.parent / "evaluation"
+sys.path.insert(0, str(EVALUATION))  # the pilot reuses fused_features_pilot.py, its sibling
+spec = importlib.util.spec_from_file_location("head_depth_pilot", EVALUATION / "head_depth_pilot.py")
+pilot = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(pilot)
+
+
+def test_the_grown_head_starts_as_the_head_it_grew_from():
+    target = tiny_target(vocab=32).float()
+    one = head.random_head(target, seed=1).float()
+    two = pilot.grown(one)
+    assert len(one.layers) == 1 and len(two.layers) == 2 and two.config.num_hidden_layers == 2
+    torch.manual_seed(0)
+    features, embedded = torch.randn(1, 6, 32), torch.randn(1, 6, 32)
+    mask = additive_mask(torch.ones(6, 6, dtype=torch.bool).tril(), torch.float32)
+    with torch.no_grad():
+        assert torch.equal(one(features, embedded, torch.arange(6)[None], mask, preallocated_cache(1, 8)),
+                           two(features, embedded, torch.arange(6)[None], mask, preallocated_cache(2, 8)))
+
+
+def test_the_new_layer_learns_and_lowers_the_loss():
+    target = tiny_target(vocab=32).float()
+    two = pilot.grown(head.random_head(target, seed=1).float())
+    for parameter in list(two.fc.parameters()) + list(two.layers[0].parameters()):
+        parameter.requires_grad_(False)  # only the new layer trains: the loss can fall through it alone
+    generator = torch.Generator().manual_seed(3)
+    features = torch.randn(2, 7, 32, generator=generator)
+    tokens = torch.randint(32, (2, 7), generator=generator)
+    targets, mask = torch.randn(2, 7, 32, generator=generator), torch.ones(2, 7, dtype=torch.bool)
+    optimizer = torch.optim.AdamW([p for p in two.parameters() if p.requires_grad], lr=1e-2)
+    losses = []
+    for _ in range(20):
+        loss, _ = training.head_loss(two, target.get_input_embeddings(), target.get_output_embeddings(), features,
+                                     tokens, targets, mask, noise=0.0)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.7 * losses[0]
+    assert two.layers[1].self_attn.o_proj.weight.abs().sum() > 0
+
+
+def test_a_run_without_data_is_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["head_depth_pilot.py", "--data", str(tmp_path / "nothing")])
+    with pytest.raises(SystemExit):
+        pilot.main()
+    assert "no data shards in" in capsys.readouterr().err
