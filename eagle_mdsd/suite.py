@@ -31,6 +31,10 @@ METHODS = ("eagle", "baseline") + peers.METHODS
 # EAGLE's pair at T > 0: sampled drafts beat deterministic top-k ones there (tau 1.97 against 1.60 at T = 1 on
 # eagle_default, evaluation/results/benchmark_2026-11-23_bfloat16_head6.md; and in the sweeps).
 SAMPLING_PAIR = "without_replacement/rrs_wo"
+# EAGLE's static tree at T > 0: on a 2-core CPU, where every tree row costs target compute, a chain of two sampled
+# drafts runs 86 tokens/s against eagle_default's 60 at T = 1 (tau 1.67 against 2.14; 16 MT-Bench first turns,
+# evaluation/results/sweep_t1_chains_2026-11-24_bfloat16.md).  'same' keeps each --trees entry.
+SAMPLING_TREE = "chain2"
 
 
 def make_runner(method: str, target, tokenizer, draft_head=None, topology=None, drafter="topk",
@@ -86,32 +90,44 @@ def parse_sampling_pair(text: str, drafter: str, verifier: str) -> tuple[str, st
     return sampled_drafter, sampled_verifier
 
 
-def benchmark_setups(trees, drafter: str, verifier: str, sampled: tuple[str, str]) -> list[tuple]:
-    """(label, topology, {at T > 0: (drafter, verifier)}) per --trees entry: a tree's own pair (TREE@D/V)
-    at every temperature; otherwise drafter/verifier at T = 0 and, on a static tree, `sampled` at T > 0
-    (a dynamic tree grows its children with topk or greedy drafts, so it keeps drafter/verifier)."""
+def benchmark_setups(trees, drafter: str, verifier: str, sampled: tuple[str, str],
+                     sampling_tree: str = "same") -> list[dict]:
+    """{at T > 0: (label, topology, drafter, verifier)} per --trees entry: a tree's own pair (TREE@D/V) at
+    every temperature; otherwise drafter/verifier at T = 0 and, on a static tree, `sampled` at T > 0 - on
+    `sampling_tree` instead of the entry's tree unless that is 'same' (a dynamic tree grows its children with
+    topk or greedy drafts, so it keeps its tree and drafter/verifier)."""
     setups = []
     for entry in trees:
         spec, own_drafter, own_verifier = tree_and_pair(entry, drafter, verifier)
         topology = dynamic.load(spec)
         check_fits(topology, own_drafter, own_verifier)
         own = "" if (own_drafter, own_verifier) == (drafter, verifier) else f"@{own_drafter}/{own_verifier}"
-        pairs = {False: (own_drafter, own_verifier), True: (own_drafter, own_verifier)}
+        label = tree_label(topology) + own
+        setup = {False: (label, topology, own_drafter, own_verifier), True: (label, topology, own_drafter, own_verifier)}
         if not own and isinstance(topology, Tree):
-            check_fits(topology, *sampled)
-            pairs[True] = sampled
-        setups.append((tree_label(topology) + own, topology, pairs))
+            sampled_topology = topology if sampling_tree == "same" else dynamic.load(sampling_tree)
+            if not isinstance(sampled_topology, Tree):
+                raise ValueError(f"--sampling-tree {sampling_tree}: give a static tree (a name, chainN or a "
+                                 f"file), or 'same'")
+            check_fits(sampled_topology, *sampled)
+            setup[True] = (tree_label(sampled_topology), sampled_topology, *sampled)
+        setups.append(setup)
+    replaced = [setup[False][0] for setup in setups if setup[True][1] is not setup[False][1]]
+    if len(replaced) > 1:
+        raise ValueError(f"--sampling-tree {sampling_tree} would stand in at T > 0 for each of the static trees "
+                         f"{', '.join(replaced)}: pass --sampling-tree same to compare them at T > 0")
     return setups
 
 
 def sampled_note(result: dict) -> str:
-    """'; at T > 0 (static trees) drafter D, verifier V' when the run sampled with another pair (older runs
-    recorded none)."""
-    pair = result.get("sampling_pair")
-    if pair is None or pair == f"{result['drafter']}/{result['verifier']}":
+    """'; at T > 0 (static trees) [tree S,] drafter D, verifier V' when the run sampled on another tree or with
+    another pair (older runs recorded neither)."""
+    pair, tree_name = result.get("sampling_pair"), result.get("sampling_tree", "same")
+    if (pair is None or pair == f"{result['drafter']}/{result['verifier']}") and tree_name == "same":
         return ""
-    sampled_drafter, sampled_verifier = pair.split("/")
-    return f"; at T > 0 (static trees) drafter {sampled_drafter}, verifier {sampled_verifier}"
+    sampled_drafter, sampled_verifier = (pair or f"{result['drafter']}/{result['verifier']}").split("/")
+    tree_part = "" if tree_name == "same" else f"tree {tree_name}, "
+    return f"; at T > 0 (static trees) {tree_part}drafter {sampled_drafter}, verifier {sampled_verifier}"
 
 
 def kernels_used(choice: str, target) -> str:
@@ -206,65 +222,73 @@ def run_benchmark(out: Path, answers: Path, bench_name: str = "mt_bench", count:
                   temperatures=(0.0, 1.0), methods=METHODS, dtype: str = "bfloat16", device: str = "cpu",
                   max_new_tokens: int = 128, trees=("eagle_default",), drafter: str = "topk",
                   verifier: str = "topk", seed: int = 0, draft_vocab: int | str | None = "auto",
-                  name: str | None = None, sampling_pair: str = SAMPLING_PAIR, kernels_choice: str = "auto") -> dict:
+                  name: str | None = None, sampling_pair: str = SAMPLING_PAIR, kernels_choice: str = "auto",
+                  sampling_tree: str = SAMPLING_TREE) -> dict:
     """Answer into answers/NAME/, then report into out/NAME.{json,md,_t*.png}; NAME defaults to
     benchmark_<date>_<dtype>, and a rerun with the same name resumes.
 
     EAGLE drafts with drafter/verifier at T = 0; at T > 0 a static tree without its own pair
-    (TREE@D/V) uses `sampling_pair` ('D/V', or 'same' for drafter/verifier).  kernels_choice: what EAGLE and
-    baseline run their linear layers on (kernels.CHOICES); the transformers peers keep stock kernels."""
+    (TREE@D/V) uses `sampling_pair` ('D/V', or 'same' for drafter/verifier) on `sampling_tree` (or 'same': on
+    itself).  kernels_choice: what EAGLE and baseline run their linear layers on (kernels.CHOICES); the
+    transformers peers keep stock kernels."""
     for method in methods:
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}: use one of {', '.join(METHODS)}")
     sampled_drafter, sampled_verifier = parse_sampling_pair(sampling_pair, drafter, verifier)
-    setups = benchmark_setups(trees, drafter, verifier, (sampled_drafter, sampled_verifier))
+    setups = benchmark_setups(trees, drafter, verifier, (sampled_drafter, sampled_verifier), sampling_tree)
     chosen = spread(questions.load(bench_name), count)
     target, tokenizer = models.load_target(None, models.parse_dtype(dtype), device)
     used_kernels = kernels_used(kernels_choice, target)
     draft_head = head.load_head(models.DEFAULT_HEAD, target) if "eagle" in methods else None
-    runners = {}  # label -> (method, {sampled: runner}): EAGLE once per tree (and pair)
+    runners = {}  # (sampled, label) -> (method, runner): EAGLE once per tree (and pair)
+    made = {}  # one decoder when both temperatures share the tree and pair
     for method in methods:
         if method != "eagle":
             runner = make_runner(method, target, tokenizer, kernels_choice=kernels_choice)
-            runners[method] = (method, {False: runner, True: runner})
+            runners[False, method] = runners[True, method] = (method, runner)
             continue
-        for tree_name, topology, pairs in setups:
-            label = "eagle" if len(setups) == 1 else f"eagle[{tree_name}]"
-            made = {pair: make_runner(method, target, tokenizer, draft_head, topology, *pair, draft_vocab,
-                                      kernels_choice) for pair in set(pairs.values())}  # one decoder when both temperatures share the pair
-            runners[label] = (method, {sampled: made[pair] for sampled, pair in pairs.items()})
+        for setup in setups:
+            for sampled, (tree_name, topology, *pair) in setup.items():
+                key = (tree_name, *pair)
+                if key not in made:
+                    made[key] = make_runner(method, target, tokenizer, draft_head, topology, *pair, draft_vocab,
+                                            kernels_choice)
+                runners[sampled, "eagle" if len(setups) == 1 else f"eagle[{tree_name}]"] = (method, made[key])
     date = datetime.date.today().isoformat()
     name = name or f"benchmark_{date}_{dtype}"
     check_settings(Path(answers) / name, {
         "head": head_checksum(models.DEFAULT_HEAD) if draft_head is not None else None, "dtype": dtype,
-        "bench": bench_name, "max_new_tokens": max_new_tokens, "seed": seed, "trees": [s[0] for s in setups],
+        "bench": bench_name, "max_new_tokens": max_new_tokens, "seed": seed, "trees": [s[False][0] for s in setups],
         "drafter": drafter, "verifier": verifier, "draft_vocab": engine.resolve_draft_vocab(draft_head, draft_vocab),
-        "sampling_pair": f"{sampled_drafter}/{sampled_verifier}", "kernels": used_kernels})
+        "sampling_pair": f"{sampled_drafter}/{sampled_verifier}", "kernels": used_kernels,
+        **({} if sampling_tree == "same" else {"sampling_tree": sampling_tree})})  # older runs recorded none
     files = {(t, label): Path(answers) / name / _file_safe(
         f"{bench_name}-{models.EMBEDDED_NAME}-{label}-{_temperature_tag(t)}.jsonl")
-        for t in temperatures for label in runners if t == 0 or lookup.SUFFIX not in label}  # lookup: T = 0 only
+        for t in temperatures for sampled, label in runners
+        if sampled == (t > 0) and (t == 0 or lookup.SUFFIX not in label)}  # lookup: T = 0 only
     timed_on = timing_machine(Path(answers) / name, files.values(), chosen)
     warm = models.chat_prompt_ids(tokenizer, "Hello!")
     for t, label in files:  # one-off costs (allocations, kernels)
-        method, runner = runners[label]
-        runner[t > 0].generate(warm, 16, t, seed, method)
-    for question in tqdm(chosen, desc=f"{bench_name}: {len(runners)} methods x {len(temperatures)} temperatures"):
+        method, runner = runners[t > 0, label]
+        runner.generate(warm, 16, t, seed, method)
+    for question in tqdm(chosen, desc=f"{bench_name}: {len(files)} answer files (methods x temperatures)"):
         for (t, label), answer_file in files.items():
-            method, runner = runners[label]
-            bench.run(runner[t > 0], tokenizer, [question], answer_file, f"{models.EMBEDDED_NAME}-{label}",
+            method, runner = runners[t > 0, label]
+            bench.run(runner, tokenizer, [question], answer_file, f"{models.EMBEDDED_NAME}-{label}",
                       bench.Settings(method, max_new_tokens, t, seed), warmup=False, progress=False)
     result = {"name": name, "date": date, "machine": timed_on, "bench": bench_name,
               "questions": [q["question_id"] for q in chosen],
               "dtype": dtype, "device": device, "max_new_tokens": max_new_tokens,
-              "trees": [setup[0] for setup in setups],
+              "trees": [setup[False][0] for setup in setups],
               "drafter": drafter, "verifier": verifier, "sampling_pair": f"{sampled_drafter}/{sampled_verifier}",
+              "sampling_tree": sampling_tree,
               "draft_vocab": engine.resolve_draft_vocab(draft_head, draft_vocab), "kernels": used_kernels,
               "temperatures": {}}
     out = Path(out)
     stem = out / name
     for t in temperatures:
         baseline = files[t, "baseline"] if "baseline" in methods else None
-        labels = [label for label in runners if (t, label) in files]
+        labels = [label for sampled, label in runners if sampled == (t > 0) and (t, label) in files]
         entries = report.compare([files[t, label] for label in labels], baseline, labels=labels)
         report.bar_chart(entries, stem.with_name(f"{stem.name}_{_temperature_tag(t)}.png"), baseline)
         result["temperatures"][_temperature_tag(t)] = {"entries": entries, "goals": goals(entries, t)}

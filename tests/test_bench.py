@@ -185,6 +185,7 @@ def test_cli_methods_are_the_suites():
 
     assert tuple(cli.METHODS) == suite.METHODS
     assert cli.build_parser().parse_args(["benchmark"]).sampling_pair == suite.SAMPLING_PAIR
+    assert cli.build_parser().parse_args(["benchmark"]).sampling_tree == suite.SAMPLING_TREE
 
 
 def test_a_killed_run_resumes_without_lost_or_duplicate_questions(tmp_path):
@@ -284,14 +285,22 @@ def test_the_head_checksum_changes_with_any_file_of_the_head(tmp_path):
 
 
 def test_the_benchmark_samples_static_trees_with_the_sampling_pair_at_t_above_0():
-    setups = suite.benchmark_setups(["eagle_default", "eagle2:total_tokens=10,depth=3,top_k=3",
-                                     "binary_depth4@greedy/greedy"], "topk", "topk",
-                                    ("without_replacement", "rrs_wo"))
-    pairs = {label: pairs for label, _, pairs in setups}
-    assert pairs["eagle_default"] == {False: ("topk", "topk"), True: ("without_replacement", "rrs_wo")}
-    dynamic_label = next(label for label in pairs if label.startswith("eagle2"))
-    assert pairs[dynamic_label] == {False: ("topk", "topk"), True: ("topk", "topk")}  # grown by topk drafts
-    assert pairs["binary_depth4@greedy/greedy"] == {False: ("greedy", "greedy"), True: ("greedy", "greedy")}
+    entries = ["eagle_default", "eagle2:total_tokens=10,depth=3,top_k=3", "binary_depth4@greedy/greedy"]
+    for sampling_tree in ("same", "chain2"):
+        setups = suite.benchmark_setups(entries, "topk", "topk", ("without_replacement", "rrs_wo"), sampling_tree)
+        runs = {setup[False][0]: {sampled: (label, topology.size if hasattr(topology, "size") else None, d, v)
+                                  for sampled, (label, topology, d, v) in setup.items()} for setup in setups}
+        default_at_1 = ("eagle_default", 25, "without_replacement", "rrs_wo") if sampling_tree == "same" else \
+            ("chain2", 2, "without_replacement", "rrs_wo")  # only the static tree without its own pair is replaced
+        assert runs["eagle_default"] == {False: ("eagle_default", 25, "topk", "topk"), True: default_at_1}
+        dynamic_label = next(label for label in runs if label.startswith("eagle2"))
+        assert [run[2:] for run in runs[dynamic_label].values()] == [("topk", "topk")] * 2  # grown by topk drafts
+        assert runs["binary_depth4@greedy/greedy"][True] == ("binary_depth4@greedy/greedy", 30, "greedy", "greedy")
+    with pytest.raises(ValueError, match="would stand in at T > 0 for each of the static trees eagle_default, "
+                                         "chain4: pass --sampling-tree same"):
+        suite.benchmark_setups(["eagle_default", "chain4"], "topk", "topk", ("greedy", "greedy"), "chain2")
+    with pytest.raises(ValueError, match="--sampling-tree eagle2: give a static tree"):
+        suite.benchmark_setups(["eagle_default"], "topk", "topk", ("greedy", "greedy"), "eagle2")
     assert suite.parse_sampling_pair("same", "topk", "topk") == ("topk", "topk")
     assert suite.parse_sampling_pair("greedy/greedy", "topk", "topk") == ("greedy", "greedy")
     with pytest.raises(ValueError, match="--sampling-pair 'rrs_wo': write DRAFTER/VERIFIER"):
@@ -310,7 +319,8 @@ def test_a_small_benchmark_runs_end_to_end_with_the_sampling_pair(tmp_path, monk
 
         def logged(prompt, max_new_tokens, temperature, *rest, **options):
             used.add((method, temperature, runner.scheme.name if method == "eagle" else None,
-                      runner.verifier.name if method == "eagle" else None))
+                      runner.verifier.name if method == "eagle" else None,
+                      runner.tree.size if method == "eagle" else None))
             return generate(prompt, max_new_tokens, temperature, *rest, **options)
 
         runner.generate = logged
@@ -319,10 +329,10 @@ def test_a_small_benchmark_runs_end_to_end_with_the_sampling_pair(tmp_path, monk
     monkeypatch.setattr(suite, "make_runner", recording)
     result = suite.run_benchmark(tmp_path / "results", tmp_path / "answers", count=1, temperatures=(0.0, 1.0),
                                  methods=("eagle", "baseline"), max_new_tokens=8, name="small")
-    assert {u for u in used if u[0] == "eagle"} == {("eagle", 0.0, "topk", "topk"),
-                                                   ("eagle", 1.0, "without_replacement", "rrs_wo")}
+    assert {u for u in used if u[0] == "eagle"} == {("eagle", 0.0, "topk", "topk", 25),
+                                                   ("eagle", 1.0, "without_replacement", "rrs_wo", 2)}
     settings = json.loads((tmp_path / "answers" / "small" / "settings.json").read_text())
-    assert settings["sampling_pair"] == "without_replacement/rrs_wo"
+    assert settings["sampling_pair"] == "without_replacement/rrs_wo" and settings["sampling_tree"] == "chain2"
     packs = kernels.available(torch.zeros(1, dtype=torch.bfloat16))
     assert settings["kernels"] == result["kernels"] == ("packed" if packs else "stock")
     for tag in ("t0", "t1"):
@@ -330,5 +340,6 @@ def test_a_small_benchmark_runs_end_to_end_with_the_sampling_pair(tmp_path, monk
         assert len((tmp_path / "answers" / "small" / suite._file_safe(f"mt_bench-{models.EMBEDDED_NAME}-eagle-{tag}.jsonl"))
                    .read_text().splitlines()) == 1
     text = (tmp_path / "results" / "small.md").read_text()
-    assert "drafter topk, verifier topk; at T > 0 (static trees) drafter without_replacement, verifier rrs_wo" in text
+    assert ("drafter topk, verifier topk; at T > 0 (static trees) tree chain2, drafter without_replacement, "
+            "verifier rrs_wo") in text
     assert ("EAGLE and baseline ran their linear layers on prepacked oneDNN bf16 weights" in text) == packs
