@@ -271,7 +271,7 @@ def run_benchmark(out: Path, answers: Path, bench_name: str = "mt_bench", count:
     for t, label in files:  # one-off costs (allocations, kernels)
         method, runner = runners[t > 0, label]
         runner.generate(warm, 16, t, seed, method)
-    for question in tqdm(chosen, desc=f"{bench_name}: {len(files)} answer files (methods x temperatures)"):
+    for question in tqdm(chosen, desc=f"{bench_name} questions, each into {len(files)} answer files"):
         for (t, label), answer_file in files.items():
             method, runner = runners[t > 0, label]
             bench.run(runner, tokenizer, [question], answer_file, f"{models.EMBEDDED_NAME}-{label}",
