@@ -188,6 +188,37 @@ def score(draft, arm: str, target, samples: list[dict]) -> tuple[float, float, i
     return top1 / count, top4 / count, count
 
 
+def finished(record: Path) -> dict:
+    """The result lines of the arms a run has finished, by arm."""
+    return {json.loads(line)["arm"]: json.loads(line) for line in record.read_text().splitlines()} \
+        if record.exists() else {}
+
+
+def score_and_record(result: dict, draft, arm: str, target, held: list[dict], mt: list[dict], record: Path) -> dict:
+    """`result` with the head's scores on the held-out and MT-Bench sets, appended to `record` as one line."""
+    result["held_top1"], result["held_top4"], result["held_tokens"] = score(draft, arm, target, held)
+    result["mt_top1"], result["mt_top4"], result["mt_tokens"] = score(draft, arm, target, mt)
+    print(json.dumps(result), flush=True)
+    with record.open("a") as out:
+        out.write(json.dumps(result) + "\n")
+    return result
+
+
+def run_facts(runs: list[Path], train_shards: list[Path]) -> dict:
+    """What a page states about its run: date, machine, the data runs and the training shards."""
+    return {"date": datetime.date.today().isoformat(),
+            "runs": {run.name: json.loads((run / "data" / "prompts.json").read_text()) for run in runs},
+            "machine": f"{machine()['cpu']}, {machine()['threads']} threads, torch {torch.__version__}",
+            "train_shards": len(train_shards),
+            "train_sequences": sum(len(torch.load(f, weights_only=True)) for f in train_shards)}
+
+
+def data_note(facts: dict) -> str:
+    return "Data (`eagle-mdsd train-head data`, each run's data/prompts.json): " + "; ".join(
+        f"`{run}`: {made['count']:,} prompts, answers at temperature {made.get('temperature', 0.0):g}"
+        for run, made in facts["runs"].items()) + "."
+
+
 def page(results: list[dict], args, facts: dict) -> str:
     lines = [f"# EAGLE-3's fused input against EAGLE-1's on the embedded default: a pilot, {facts['date']}", "",
              f"Machine: {facts['machine']}. Command: `python evaluation/fused_features_pilot.py --data "
@@ -199,9 +230,7 @@ def page(results: list[dict], args, facts: dict) -> str:
              f"`{facts['held_out']}` and on the target's greedy answers to the 80 MT-Bench first turns "
              f"(128 tokens; evaluation only). `shipped`: the shipped head, trained on far more data (its earlier "
              f"versions also saw the default prompts, so its held-out column is not held out).", "",
-             "Data (`eagle-mdsd train-head data`, each run's data/prompts.json): " + "; ".join(
-                 f"`{run}`: {made['count']:,} prompts, answers at temperature {made.get('temperature', 0.0):g}"
-                 for run, made in facts["runs"].items()) + ".", "",
+             data_note(facts), "",
              "| head | steps | training min | held-out top-1 | top-4 | MT-Bench top-1 | top-4 |",
              "|---|---|---|---|---|---|---|"]
     for r in results:
@@ -238,8 +267,7 @@ def main() -> None:
     raw = [shard for shard, _ in train_pairs]  # the draft vocabulary: the 8,192 most frequent training answer tokens
     draft_rows = torch.tensor(sorted(training.rank_tokens(raw, target.config.vocab_size)[:8192]))
     record = work / "results.jsonl"
-    done = {json.loads(line)["arm"]: json.loads(line) for line in record.read_text().splitlines()} \
-        if record.exists() else {}
+    done = finished(record)
     held = torch.load(held_out, weights_only=True)
     mt = torch.load(mt_file, weights_only=True)
     for arm in ARMS:
@@ -251,16 +279,8 @@ def main() -> None:
         else:
             draft, steps = train(arm, target, train_files, draft_rows, args.epochs)
         result = {"arm": arm, "steps": steps, "train_s": round(time.monotonic() - started) if steps else 0}
-        result["held_top1"], result["held_top4"], result["held_tokens"] = score(draft, arm, target, held)
-        result["mt_top1"], result["mt_top4"], result["mt_tokens"] = score(draft, arm, target, mt)
-        print(json.dumps(result), flush=True)
-        with record.open("a") as out:
-            out.write(json.dumps(result) + "\n")
-        done[arm] = result
-    facts = {"date": datetime.date.today().isoformat(), "held_out": f"{held_out.name}",
-             "runs": {run.name: json.loads((run / "data" / "prompts.json").read_text()) for run in runs},
-             "machine": f"{machine()['cpu']}, {machine()['threads']} threads, torch {torch.__version__}",
-             "train_shards": len(raw), "train_sequences": sum(len(torch.load(f, weights_only=True)) for f in raw)}
+        done[arm] = score_and_record(result, draft, arm, target, held, mt, record)
+    facts = {**run_facts(runs, raw), "held_out": f"{held_out.name}"}
     Path(args.out).write_text(page([done[arm] for arm in ARMS], args, facts))
     print(f"wrote {args.out}")
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import copy
 import datetime
-import json
 import time
 from pathlib import Path
 
@@ -31,7 +30,6 @@ import torch
 import fused_features_pilot as base
 from eagle_mdsd import head as head_module
 from eagle_mdsd import models
-from eagle_mdsd.benchmarks import machine
 
 ARMS = ("shipped", "tuned", "grown", "scratch1", "scratch2")
 LR = 3e-4  # the fine-tuning rate of the shipped head's recipe
@@ -68,9 +66,7 @@ def page(results: list[dict], args, facts: dict) -> str:
              f"top-1 / within its top 4, on the held-out shard `{facts['held_out']}` and on the target's greedy "
              f"answers to the 80 MT-Bench first turns (128 tokens; evaluation only). The shipped head's earlier "
              f"versions also saw the default prompts, so its held-out column is not held out.", "",
-             "Data (`eagle-mdsd train-head data`, each run's data/prompts.json): " + "; ".join(
-                 f"`{run}`: {made['count']:,} prompts, answers at temperature {made.get('temperature', 0.0):g}"
-                 for run, made in facts["runs"].items()) + ".", "",
+             base.data_note(facts), "",
              "| head | layers | steps | training min | held-out top-1 | top-4 | MT-Bench top-1 | top-4 |",
              "|---|---|---|---|---|---|---|---|"]
     for r in results:
@@ -108,8 +104,7 @@ def main() -> None:
     shipped = head_module.load_head(models.DEFAULT_HEAD, target).float()
     draft_rows = torch.tensor(sorted(shipped.draft_vocab[:8192]))  # the decoder's draft vocabulary
     record = work / "results.jsonl"
-    done = {json.loads(line)["arm"]: json.loads(line) for line in record.read_text().splitlines()} \
-        if record.exists() else {}
+    done = base.finished(record)
     held = torch.load(held_out, weights_only=True)
     mt = torch.load(mt_file, weights_only=True)
     for arm in ARMS:
@@ -128,18 +123,8 @@ def main() -> None:
             head_module.save_head(copy.deepcopy(draft).half(), work / arm, safetensors=True)
         result = {"arm": arm, "layers": len(draft.layers), "steps": steps,
                   "train_s": round(time.monotonic() - started) if steps else 0}
-        result["held_top1"], result["held_top4"], result["held_tokens"] = base.score(draft, "eagle1", target, held)
-        result["mt_top1"], result["mt_top4"], result["mt_tokens"] = base.score(draft, "eagle1", target, mt)
-        print(json.dumps(result), flush=True)
-        with record.open("a") as out:
-            out.write(json.dumps(result) + "\n")
-        done[arm] = result
-    facts = {"date": datetime.date.today().isoformat(), "held_out": f"{held_out.parent.parent.name}/"
-             f"{held_out.name}", "runs": {run.name: json.loads((run / "data" / "prompts.json").read_text())
-                                           for run in runs},
-             "machine": f"{machine()['cpu']}, {machine()['threads']} threads, torch {torch.__version__}",
-             "train_shards": len(train_files),
-             "train_sequences": sum(len(torch.load(f, weights_only=True)) for f in train_files)}
+        done[arm] = base.score_and_record(result, draft, "eagle1", target, held, mt, record)
+    facts = {**base.run_facts(runs, train_files), "held_out": f"{held_out.parent.parent.name}/{held_out.name}"}
     Path(args.out).write_text(page([done[arm] for arm in ARMS], args, facts))
     print(f"wrote {args.out}")
 
