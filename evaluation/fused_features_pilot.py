@@ -213,10 +213,27 @@ def run_facts(runs: list[Path], train_shards: list[Path]) -> dict:
             "train_sequences": sum(len(torch.load(f, weights_only=True)) for f in train_shards)}
 
 
+def scoring_note(facts: dict) -> str:
+    return (f"Scored teacher-forced at depth 1 (full vocabulary): the target's greedy token as the head's top-1 / "
+            f"within its top 4, on the held-out shard `{facts['held_out']}` and on the target's greedy answers to "
+            f"the 80 MT-Bench first turns (128 tokens; evaluation only).")
+
+
 def data_note(facts: dict) -> str:
     return "Data (`eagle-mdsd train-head data`, each run's data/prompts.json): " + "; ".join(
         f"`{run}`: {made['count']:,} prompts, answers at temperature {made.get('temperature', 0.0):g}"
         for run, made in facts["runs"].items()) + "."
+
+
+def table(results: list[dict], extra: tuple[str, ...] = ()) -> list[str]:
+    """The results table: head, the `extra` result fields, steps, training minutes and the four scores."""
+    lines = ["| head | " + "".join(f"{field} | " for field in extra) + "steps | training min | held-out top-1 | "
+             "top-4 | MT-Bench top-1 | top-4 |", "|---|" + "---|" * (len(extra) + 6)]
+    for r in results:
+        lines.append(f"| {r['arm']} | " + "".join(f"{r[field]} | " for field in extra) + f"{r['steps']} | "
+                     f"{r['train_s'] / 60:.1f} | {r['held_top1']:.3f} | {r['held_top4']:.3f} | {r['mt_top1']:.3f} | "
+                     f"{r['mt_top4']:.3f} |")
+    return lines
 
 
 def page(results: list[dict], args, facts: dict) -> str:
@@ -225,17 +242,10 @@ def page(results: list[dict], args, facts: dict) -> str:
              f"{' '.join(args.data)} --epochs {args.epochs:g}`. Both heads from scratch, same "
              f"{facts['train_shards']} training shards ({facts['train_sequences']:,} sequences), batches (4,096 "
              f"tokens), steps, lr 5e-4 and seed; `fused` adds the outputs of target layers {LOW} and {MID} "
-             f"(RMS-normalised) to `eagle1`'s input. Scored teacher-forced at depth 1 (full vocabulary): the "
-             f"target's greedy token as the head's top-1 / within its top 4, on the held-out shard "
-             f"`{facts['held_out']}` and on the target's greedy answers to the 80 MT-Bench first turns "
-             f"(128 tokens; evaluation only). `shipped`: the shipped head, trained on far more data (its earlier "
-             f"versions also saw the default prompts, so its held-out column is not held out).", "",
-             data_note(facts), "",
-             "| head | steps | training min | held-out top-1 | top-4 | MT-Bench top-1 | top-4 |",
-             "|---|---|---|---|---|---|---|"]
-    for r in results:
-        lines.append(f"| {r['arm']} | {r['steps']} | {r['train_s'] / 60:.1f} | {r['held_top1']:.3f} | "
-                     f"{r['held_top4']:.3f} | {r['mt_top1']:.3f} | {r['mt_top4']:.3f} |")
+             f"(RMS-normalised) to `eagle1`'s input. {scoring_note(facts)} `shipped`: the shipped head, trained on "
+             f"far more data (its earlier versions also saw the default prompts, so its held-out column is not held "
+             f"out).", "",
+             data_note(facts), ""] + table(results)
     return "\n".join(lines) + "\n"
 
 

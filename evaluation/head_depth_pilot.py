@@ -62,16 +62,9 @@ def page(results: list[dict], args, facts: dict) -> str:
              f"sequences); `grown`: the shipped head with a second Llama decoder layer whose output projections start "
              f"at zero, fine-tuned the same (same batches of 4,096 tokens, steps, lr {LR:g} with warm-up and cosine, "
              f"seed). `scratch1` / `scratch2`: one- / two-layer heads from scratch on the same data, lr "
-             f"{SCRATCH_LR:g}. Scored teacher-forced at depth 1 (full vocabulary): the target's greedy token as the head's "
-             f"top-1 / within its top 4, on the held-out shard `{facts['held_out']}` and on the target's greedy "
-             f"answers to the 80 MT-Bench first turns (128 tokens; evaluation only). The shipped head's earlier "
+             f"{SCRATCH_LR:g}. {base.scoring_note(facts)} The shipped head's earlier "
              f"versions also saw the default prompts, so its held-out column is not held out.", "",
-             base.data_note(facts), "",
-             "| head | layers | steps | training min | held-out top-1 | top-4 | MT-Bench top-1 | top-4 |",
-             "|---|---|---|---|---|---|---|---|"]
-    for r in results:
-        lines.append(f"| {r['arm']} | {r['layers']} | {r['steps']} | {r['train_s'] / 60:.1f} | {r['held_top1']:.3f} "
-                     f"| {r['held_top4']:.3f} | {r['mt_top1']:.3f} | {r['mt_top4']:.3f} |")
+             base.data_note(facts), ""] + base.table(results, ("layers",))
     return "\n".join(lines) + "\n"
 
 
