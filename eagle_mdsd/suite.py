@@ -103,7 +103,8 @@ def benchmark_setups(trees, drafter: str, verifier: str, sampled: tuple[str, str
         check_fits(topology, own_drafter, own_verifier)
         own = "" if (own_drafter, own_verifier) == (drafter, verifier) else f"@{own_drafter}/{own_verifier}"
         label = tree_label(topology) + own
-        setup = {False: (label, topology, own_drafter, own_verifier), True: (label, topology, own_drafter, own_verifier)}
+        own_run = (label, topology, own_drafter, own_verifier)
+        setup = {False: own_run, True: own_run}
         if not own and isinstance(topology, Tree):
             sampled_topology = topology if sampling_tree == "same" else dynamic.load(sampling_tree)
             if not isinstance(sampled_topology, Tree):
