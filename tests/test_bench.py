@@ -247,6 +247,15 @@ def test_eagle_with_lookup_drafts_is_reported_but_not_counted_for_the_goals():
     assert len(lines) == 4
 
 
+def test_static_trees_share_one_run_on_the_sampling_tree_at_t_above_0(tmp_path):
+    result = suite.run_benchmark(tmp_path / "results", tmp_path / "answers", count=1, temperatures=(0.0, 1.0),
+                                 methods=("eagle",), max_new_tokens=4, trees=("eagle_default", "chain2"),
+                                 name="shared")
+    labels = {tag: [e["label"] for e in block["entries"]] for tag, block in result["temperatures"].items()}
+    assert labels == {"t0": ["eagle[eagle_default]", "eagle[chain2]"], "t1": ["eagle[chain2]"]}
+    assert len(list((tmp_path / "answers" / "shared").glob("*.jsonl"))) == 3
+
+
 def test_a_benchmark_resumes_only_answers_made_with_the_same_settings(tmp_path):
     folder = tmp_path / "benchmark_x"
     settings = {"head": suite.head_checksum(models.DEFAULT_HEAD), "dtype": "bfloat16", "trees": ["eagle_default"]}
@@ -296,9 +305,9 @@ def test_the_benchmark_samples_static_trees_with_the_sampling_pair_at_t_above_0(
         dynamic_label = next(label for label in runs if label.startswith("eagle2"))
         assert [run[2:] for run in runs[dynamic_label].values()] == [("topk", "topk")] * 2  # grown by topk drafts
         assert runs["binary_depth4@greedy/greedy"][True] == ("binary_depth4@greedy/greedy", 30, "greedy", "greedy")
-    with pytest.raises(ValueError, match="would stand in at T > 0 for each of the static trees eagle_default, "
-                                         "chain4: pass --sampling-tree same"):
-        suite.benchmark_setups(["eagle_default", "chain4"], "topk", "topk", ("greedy", "greedy"), "chain2")
+    shared = suite.benchmark_setups(["eagle_default", "chain4"], "topk", "topk", ("greedy", "greedy"), "chain2")
+    assert [setup[False][0] for setup in shared] == ["eagle_default", "chain4"]
+    assert [setup[True][0] for setup in shared] == ["chain2", "chain2"]  # at T > 0 one run on the sampling tree
     with pytest.raises(ValueError, match="--sampling-tree eagle2: give a static tree"):
         suite.benchmark_setups(["eagle_default"], "topk", "topk", ("greedy", "greedy"), "eagle2")
     assert suite.parse_sampling_pair("same", "topk", "topk") == ("topk", "topk")
