@@ -194,7 +194,8 @@ def cmd_train_head(args) -> None:
         state = training.train(out, args.base_model, args.epochs, args.lr, args.tokens_per_batch,
                                max_minutes=args.max_minutes, seed=args.seed, device=args.device,
                                data_from=args.data_from, unroll=args.unroll, init_from=args.init_from,
-                               token_weight=args.token_weight, draft_vocab=args.train_draft_vocab)
+                               token_weight=args.token_weight, draft_vocab=args.train_draft_vocab,
+                               token_loss=args.token_loss)
         recent = state["log"][-20:]
         if recent:
             print(f"step {state['step']}: loss {sum(r['loss'] for r in recent) / len(recent):.4f}, "
@@ -394,7 +395,10 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--unroll", type=int, default=1,
                        help="train stage: draft depths trained on the head's own predictions (1: EAGLE-1's loss)")
     train.add_argument("--token-weight", type=float, default=0.1,
-                       help="train stage: weight of the cross-entropy term against the feature term (EAGLE: 0.1)")
+                       help="train stage: weight of the token term against the feature term (EAGLE: 0.1)")
+    train.add_argument("--token-loss", choices=["ce", "tv"], default="ce",
+                       help="train stage: the token term, ce (EAGLE's cross-entropy against the target's "
+                            "distribution, default) or tv (total variation: 1 - a sampled draft's acceptance rate)")
     train.add_argument("--draft-vocab", dest="train_draft_vocab", type=_train_draft_vocab, default=None,
                        help="train stage: score the cross-entropy over the N most frequent answer tokens only, "
                             "the vocabulary the decoder drafts from (8192: 0.75 s a step on the embedded default, "

@@ -355,14 +355,18 @@ def unrolled_predictions(draft_head, features, embedded, unroll: int = 1) -> lis
 
 
 def head_loss(draft_head, embed, lm_head, features, tokens, targets, mask, noise: float = 0.1, unroll: int = 1,
-              token_weight: float = 0.1):
-    """(loss, top-1 accuracy of pass 1): SmoothL1 on features + token_weight x CE against the target's
-    distribution (EAGLE's recipe: 0.1).
+              token_weight: float = 0.1, token_loss: str = "ce"):
+    """(loss, top-1 accuracy of pass 1): SmoothL1 on features + token_weight x a token term comparing the head's
+    distribution q with the target's p (EAGLE's recipe: cross-entropy, 0.1).
 
+    token_loss "ce" is EAGLE's cross-entropy; "tv" is the total variation distance 1/2 sum |p - q|, which is
+    1 - the acceptance rate sum min(p, q) of one sampled draft (DistillSpec, Zhou et al. 2024).
     unroll = 1 is EAGLE-1's recipe.  unroll = s > 1 also trains the head on its own predictions, as it is
     used at draft depths 2..s (HASS, Zhang et al. 2025; EAGLE-3's training-time test); pass r's loss is
     weighted 0.8^(r-1).
     """
+    if token_loss not in ("ce", "tv"):
+        raise ValueError(f"unknown token loss {token_loss!r}: use ce or tv")
     if noise:
         features = features + (torch.rand_like(features) * 2 - 1) * noise
     passes = unrolled_predictions(draft_head, features, embed(tokens).to(features.dtype), unroll)
@@ -373,8 +377,9 @@ def head_loss(draft_head, embed, lm_head, features, tokens, targets, mask, noise
         kept = mask & (torch.arange(mask.shape[1], device=mask.device) >= step - 1)
         feature_loss = torch.nn.functional.smooth_l1_loss(predicted[kept].float(), targets[kept].float())
         head_logp = torch.log_softmax(lm_head(predicted[kept]).float(), -1)
-        token_loss = -(target_probs[kept[mask]] * head_logp).sum(-1).mean()
-        total = total + 0.8 ** (step - 1) * (feature_loss + token_weight * token_loss)
+        p = target_probs[kept[mask]]
+        token_term = -(p * head_logp).sum(-1) if token_loss == "ce" else 0.5 * (p - head_logp.exp()).abs().sum(-1)
+        total = total + 0.8 ** (step - 1) * (feature_loss + token_weight * token_term.mean())
         if step == 1:
             accuracy = float((head_logp.argmax(-1) == target_probs.argmax(-1)).float().mean())
     return total, accuracy
@@ -394,11 +399,12 @@ def draft_vocab_lm_head(lm_head, rows: torch.Tensor):
 def train(out_dir: Path, base_model=None, epochs: float = 1.0, lr: float = 5e-4, tokens_per_batch: int = 4096,
           save_every: int = 100, max_minutes: float | None = None, seed: int = 0, bf16: bool = True,
           device: str = "cpu", data_from=(), unroll: int = 1, init_from=None, token_weight: float = 0.1,
-          draft_vocab: int | None = None) -> dict:
+          draft_vocab: int | None = None, token_loss: str = "ce") -> dict:
     """Train (or resume) the run's head; `unroll` > 1 adds the multi-step loss of `head_loss`, `init_from`
-    starts from another run's checkpoint or an exported head instead of a random one, `token_weight` weighs the
-    cross-entropy term against the feature term (EAGLE's 0.1), `draft_vocab` = N scores the cross-entropy over
-    the N most frequent answer tokens of the data only (the ranking `export` ships; None: the full vocabulary)."""
+    starts from another run's checkpoint or an exported head instead of a random one, `token_loss` is the token
+    term ("ce": EAGLE's cross-entropy; "tv": total variation, 1 - the acceptance rate of one sampled draft),
+    `token_weight` weighs it against the feature term (EAGLE's 0.1), `draft_vocab` = N scores it over the N most
+    frequent answer tokens of the data only (the ranking `export` ships; None: the full vocabulary)."""
     out_dir = Path(out_dir)
     if draft_vocab is not None and draft_vocab < 1:
         raise ValueError(f"--draft-vocab is {draft_vocab}: pass a token count of 1 or more, or 'full'")
@@ -406,6 +412,8 @@ def train(out_dir: Path, base_model=None, epochs: float = 1.0, lr: float = 5e-4,
         raise ValueError(f"--unroll is {unroll}: pass 1 (EAGLE-1's loss) or more (draft depths trained)")
     if token_weight < 0:
         raise ValueError(f"--token-weight is {token_weight}: pass 0 or more (EAGLE's recipe: 0.1)")
+    if token_loss not in ("ce", "tv"):
+        raise ValueError(f"--token-loss is {token_loss!r}: pass ce (EAGLE's cross-entropy) or tv")
     init_from = str(Path(init_from)) if init_from else None
     vocab_option = "full" if draft_vocab is None else draft_vocab
     data_from = [str(Path(run)) for run in data_from]
@@ -424,12 +432,13 @@ def train(out_dir: Path, base_model=None, epochs: float = 1.0, lr: float = 5e-4,
     optimizer = torch.optim.AdamW(draft_head.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     checkpoint = out_dir / "checkpoint.pt"
     state = {"step": 0, "epoch": 0, "batch_in_epoch": 0, "seed": seed, "data_from": data_from, "unroll": unroll,
-             "init_from": init_from, "token_weight": token_weight, "draft_vocab": vocab_option, "log": []}
+             "init_from": init_from, "token_weight": token_weight, "draft_vocab": vocab_option,
+             "token_loss": token_loss, "log": []}
     if checkpoint.exists():
         saved = torch.load(checkpoint, weights_only=False)
         for name, value, default in (("seed", seed, 0), ("data_from", data_from, []), ("unroll", unroll, 1),
                                      ("init_from", init_from, None), ("token_weight", token_weight, 0.1),
-                                     ("draft_vocab", vocab_option, "full")):
+                                     ("draft_vocab", vocab_option, "full"), ("token_loss", token_loss, "ce")):
             trained_with = saved["state"].get(name, default)
             if trained_with != value:
                 option = "--" + name.replace("_", "-")
@@ -465,7 +474,7 @@ def train(out_dir: Path, base_model=None, epochs: float = 1.0, lr: float = 5e-4,
             features, tokens, targets, mask = (t.to(device) for t in _collate(batch, target.config.hidden_size))
             with torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16, enabled=bf16):
                 loss, accuracy = head_loss(draft_head, embed, lm_head, features, tokens, targets, mask,
-                                           unroll=unroll, token_weight=token_weight)
+                                           unroll=unroll, token_weight=token_weight, token_loss=token_loss)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(draft_head.parameters(), 0.5)

@@ -81,6 +81,21 @@ def test_the_draft_vocabulary_loss_is_the_cross_entropy_over_those_tokens():
     assert loss[1.0] - loss[0.0] == pytest.approx(float(-(p * log_q).sum(-1).mean()), rel=1e-6)
 
 
+def test_the_tv_token_loss_is_one_minus_the_acceptance_rate():
+    target, draft_head, (features, tokens, targets, mask) = _tiny_batch()
+    embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
+    with torch.no_grad():
+        loss = {w: float(training.head_loss(draft_head, embed, lm_head, features, tokens, targets, mask, noise=0.0,
+                                            token_weight=w, token_loss="tv")[0]) for w in (0.0, 1.0)}
+        predicted = training.unrolled_predictions(draft_head, features, embed(tokens).double())[0]
+        p = torch.softmax(lm_head(targets[mask]), -1)
+        q = torch.softmax(lm_head(predicted[mask]), -1)
+    accept = torch.minimum(p, q).sum(-1).mean()  # sum min(p, q): one sampled draft's acceptance rate
+    assert loss[1.0] - loss[0.0] == pytest.approx(float(1 - accept), rel=1e-6)
+    with pytest.raises(ValueError, match="unknown token loss 'kl': use ce or tv"):
+        training.head_loss(draft_head, embed, lm_head, features, tokens, targets, mask, token_loss="kl")
+
+
 def test_train_head_takes_a_draft_vocabulary_size_or_full(capsys):
     from eagle_mdsd import cli
 
@@ -94,6 +109,17 @@ def test_train_head_takes_a_draft_vocabulary_size_or_full(capsys):
     with pytest.raises(SystemExit):
         parse(["train-head", "train", "--draft-vocab", "many"])
     assert "expected a number of tokens or 'full', got 'many'" in capsys.readouterr().err
+
+
+def test_train_head_passes_the_token_loss_to_training(monkeypatch, tmp_path):
+    from eagle_mdsd import cli
+
+    seen = {}
+    monkeypatch.setattr(training, "train", lambda *args, **kwargs: seen.update(kwargs) or {"log": []})
+    for argv, expected in ((["--token-loss", "tv"], "tv"), ([], "ce")):
+        args = cli.build_parser().parse_args(["train-head", "train", "--run", str(tmp_path)] + argv)
+        args.fn(args)
+        assert seen["token_loss"] == expected
 
 
 def test_missing_prompt_file_is_a_clear_error(tmp_path):
@@ -324,6 +350,16 @@ def test_multi_step_training_from_a_trained_head(tmp_path):
     with pytest.raises(ValueError, match="--draft-vocab 40, not full"):
         training.train(tmp_path / "vocab", model, data_from=[tmp_path / "own"], init_from=tmp_path / "first",
                        **settings)
+    by_loss = {loss: training.train(tmp_path / loss, model, data_from=[tmp_path / "own"], lr=1e-2, epochs=3,
+                                    token_loss=loss, token_weight=2.0, init_from=tmp_path / "first",
+                                    tokens_per_batch=48, bf16=False) for loss in ("ce", "tv")}
+    assert by_loss["tv"]["token_loss"] == "tv" and by_loss["tv"]["log"][-1]["loss"] < by_loss["tv"]["log"][0]["loss"]
+    assert [r["loss"] for r in by_loss["tv"]["log"]] != [r["loss"] for r in by_loss["ce"]["log"]]
+    with pytest.raises(ValueError, match="--token-loss tv, not ce"):
+        training.train(tmp_path / "tv", model, data_from=[tmp_path / "own"], token_weight=2.0,
+                       init_from=tmp_path / "first", **settings)
+    with pytest.raises(ValueError, match="--token-loss is 'kl'"):
+        training.train(tmp_path / "kl", model, data_from=[tmp_path / "own"], token_loss="kl", **settings)
     with pytest.raises(ValueError, match="--draft-vocab is 0"):
         training.train(tmp_path / "zero", model, data_from=[tmp_path / "own"], draft_vocab=0, **settings)
     with pytest.raises(FileNotFoundError, match="--init-from"):
