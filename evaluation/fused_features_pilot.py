@@ -139,9 +139,9 @@ def new_head(arm: str, target):
 
 
 def train(arm: str, target, files: list[Path], draft_rows: torch.Tensor, epochs: float, lr: float = 5e-4,
-          draft=None):
+          draft=None, **loss_options):
     """training.train's loop in brief (AdamW 0.9/0.95, warm-up and cosine, clip 0.5, bf16 autocast, seed 0), from
-    a new head for `arm` or from `draft` (fp32)."""
+    a new head for `arm` or from `draft` (fp32); `loss_options` go to training.head_loss."""
     draft = (new_head(arm, target) if draft is None else draft).train()
     embed = target.get_input_embeddings()
     lm_head = training.draft_vocab_lm_head(target.get_output_embeddings(), draft_rows)
@@ -156,7 +156,7 @@ def train(arm: str, target, files: list[Path], draft_rows: torch.Tensor, epochs:
                 group["lr"] = lr * min(1.0, (step + 1) / 50) * 0.5 * (1 + math.cos(math.pi * step / total))
             inputs, tokens, targets, mask = collate(batch, arm)
             with torch.autocast("cpu", dtype=torch.bfloat16):
-                loss, _ = training.head_loss(draft, embed, lm_head, inputs, tokens, targets, mask)
+                loss, _ = training.head_loss(draft, embed, lm_head, inputs, tokens, targets, mask, **loss_options)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(draft.parameters(), 0.5)
