@@ -517,26 +517,45 @@ def _trained_weights(source: Path, target) -> dict:
 # -- evaluation ---------------------------------------------------------------------------
 
 
-def teacher_forced_top1(draft_head, target, tokenizer, prompts: list[str], max_new_tokens: int = 64) -> float:
-    """How often the head's next-token argmax equals the target's, on the target's own greedy answers."""
+def depth1_scores(draft_head, target, sample: dict, rows: torch.Tensor | None = None) -> tuple[int, float, int]:
+    """(argmax hits, summed acceptance, positions): the head teacher-forced at draft depth 1 on one sample
+    (ids, start, features) over its answer positions.  A hit: the head's argmax is the target's; acceptance:
+    sum min(p, q) at T = 1, the rate at which one sampled draft is accepted, with q over `rows` (the decoder's
+    draft vocabulary, 0 outside; None: the whole vocabulary)."""
     from .engine import additive_mask
 
-    hits = total = 0
+    inputs, tokens, targets, mask = _collate([sample], target.config.hidden_size)
+    length, dtype = inputs.shape[1], next(draft_head.parameters()).dtype
+    attention = additive_mask(torch.ones(length, length, dtype=torch.bool).tril(), dtype)
+    with torch.inference_mode():
+        predicted = draft_head(inputs.to(dtype), target.get_input_embeddings()(tokens).to(dtype),
+                               torch.arange(1, length + 1)[None], attention, None)[mask]
+        lm_head = target.get_output_embeddings()
+        predicted = predicted.to(lm_head.weight.dtype)
+        truth = lm_head(targets[mask].to(lm_head.weight.dtype)).float()
+        weight = lm_head.weight if rows is None else lm_head.weight[rows]
+        q = torch.softmax(torch.nn.functional.linear(predicted, weight).float(), -1)
+        p = torch.softmax(truth, -1) if rows is None else torch.softmax(truth, -1)[:, rows]
+        hits = int((lm_head(predicted).argmax(-1) == truth.argmax(-1)).sum())
+    return hits, float(torch.minimum(p, q).sum()), len(truth)
+
+
+def teacher_forced(draft_head, target, tokenizer, prompts: list[str], max_new_tokens: int = 64) -> tuple[float, float]:
+    """(top-1, acceptance) of `depth1_scores` on the target's own greedy answers to the prompts, q over the draft
+    vocabulary the decoder uses by default."""
+    from .engine import resolve_draft_vocab
+
+    size = resolve_draft_vocab(draft_head, "auto")
+    rows = None if size is None else torch.tensor(sorted(draft_head.draft_vocab[:size]))
+    hits = accepted = total = 0
     for prompt in prompts:
         ids = models.chat_prompt_ids(tokenizer, prompt)
         with torch.inference_mode():
             sequence = target.generate(torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False)[0]
             features = target.get_decoder()(sequence[None]).last_hidden_state[0]
-            sample = {"ids": sequence, "start": len(ids), "features": features}
-            inputs, tokens, targets, mask = _collate([sample], target.config.hidden_size)
-            length = inputs.shape[1]
-            attention = additive_mask(torch.ones(length, length, dtype=torch.bool).tril(), target.dtype)
-            predicted = draft_head(inputs.to(target.dtype), target.get_input_embeddings()(tokens),
-                                   torch.arange(1, length + 1)[None], attention, None)
-            lm_head = target.get_output_embeddings()
-            same = lm_head(predicted[mask]).argmax(-1) == lm_head(targets[mask].to(target.dtype)).argmax(-1)
-        hits, total = hits + int(same.sum()), total + len(same)
-    return hits / max(total, 1)
+        scores = depth1_scores(draft_head, target, {"ids": sequence, "start": len(ids), "features": features}, rows)
+        hits, accepted, total = hits + scores[0], accepted + scores[1], total + scores[2]
+    return hits / max(total, 1), accepted / max(total, 1)
 
 
 # Three short prompts a shipped head must accept drafts on (tests/test_shipped_head.py).
@@ -581,15 +600,16 @@ def held_out_prompts(data: Path, count: int) -> list[str]:
 
 
 def evaluate(out_dir: Path, head_spec, base_model=None, count: int = 16) -> dict:
-    """Teacher-forced top-1 on held-out training prompts (never used by the data stage) and MT-Bench,
-    and tau on the guard prompts."""
+    """Teacher-forced top-1 and sampled-draft acceptance (`teacher_forced`) on held-out training prompts (never
+    used by the data stage) and MT-Bench, and tau on the guard prompts."""
     held_out = held_out_prompts(_prompt_data(Path(out_dir)), count)
     target, tokenizer = models.load_target(base_model, torch.bfloat16)
     draft_head = head_module.load_head(head_spec, target)
     mt_bench = [q["turns"][0] for q in questions.load("mt_bench")[:count]]
-    return {"held_out_prompts": len(held_out),
-            "top1_held_out": teacher_forced_top1(draft_head, target, tokenizer, held_out) if held_out else None,
-            "top1_mt_bench": teacher_forced_top1(draft_head, target, tokenizer, mt_bench),
+    held = teacher_forced(draft_head, target, tokenizer, held_out) if held_out else (None, None)
+    mt = teacher_forced(draft_head, target, tokenizer, mt_bench)
+    return {"held_out_prompts": len(held_out), "top1_held_out": held[0], "top1_mt_bench": mt[0],
+            "accept_held_out": held[1], "accept_mt_bench": mt[1],
             "tau_guard_prompts": guard_tau(draft_head, target, tokenizer)}
 
 

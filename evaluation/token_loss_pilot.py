@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import copy
 import datetime
-import json
 import time
 from pathlib import Path
 
@@ -31,32 +30,19 @@ import torch
 
 import fused_features_pilot as base
 from eagle_mdsd import head as head_module
-from eagle_mdsd import models
-from eagle_mdsd.engine import additive_mask
+from eagle_mdsd import models, training
 
 ARMS = {"shipped": None, "ce": ("ce", 0.1), "tv": ("tv", 0.1), "ce_w0.5": ("ce", 0.5), "tv_w0.5": ("tv", 0.5),
         "ce_w2": ("ce", 2.0), "tv_w2": ("tv", 2.0), "tv_w5": ("tv", 5.0)}
 LR = 3e-4  # the fine-tuning rate of the shipped head's recipe
 
 
-@torch.no_grad()
 def acceptance(draft, target, samples: list[dict], draft_rows: torch.Tensor) -> float:
     """Mean over answer positions of sum min(p, q) at T = 1: p the target's next-token distribution, q the head's
     over the draft vocabulary (0 elsewhere, as the decoder drafts), teacher-forced at depth 1."""
-    lm_head, embed = target.get_output_embeddings(), target.get_input_embeddings()
-    total, count = 0.0, 0
-    for sample in samples:
-        if len(sample["ids"]) - sample["start"] < 2:
-            continue
-        inputs, tokens, targets, mask = base.collate([sample], "eagle1")
-        length = inputs.shape[1]
-        causal = additive_mask(torch.ones(length, length, dtype=torch.bool).tril(), torch.float32)
-        predicted = draft(inputs, embed(tokens), torch.arange(1, length + 1)[None], causal, None)
-        p = torch.softmax(lm_head(targets[mask]).float(), -1)[:, draft_rows]
-        q = torch.softmax(torch.nn.functional.linear(predicted[mask], lm_head.weight[draft_rows]).float(), -1)
-        total += float(torch.minimum(p, q).sum())
-        count += len(p)
-    return total / count
+    scores = [training.depth1_scores(draft, target, sample, draft_rows) for sample in samples
+              if len(sample["ids"]) - sample["start"] >= 2]
+    return sum(score[1] for score in scores) / sum(score[2] for score in scores)
 
 
 def page(results: list[dict], args, facts: dict) -> str:

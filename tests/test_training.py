@@ -96,6 +96,37 @@ def test_the_tv_token_loss_is_one_minus_the_acceptance_rate():
         training.head_loss(draft_head, embed, lm_head, features, tokens, targets, mask, token_loss="kl")
 
 
+def test_depth1_scores_count_argmax_hits_and_a_sampled_drafts_acceptance():
+    target, draft_head, _ = _tiny_batch()
+    target, draft_head = target.double(), draft_head.double()
+    torch.manual_seed(2)
+    ids = torch.randint(32, (10,))
+    with torch.no_grad():
+        features = target.get_decoder()(ids[None]).last_hidden_state[0]
+        hits, accepted, count = training.depth1_scores(draft_head, target, {"ids": ids, "start": 4,
+                                                                          "features": features})
+        inputs, tokens, targets, mask = training._collate([{"ids": ids, "start": 4, "features": features}], 32)
+        predicted = training.unrolled_predictions(draft_head, inputs.double(),
+                                                  target.get_input_embeddings()(tokens))[0][mask]
+        lm_head = target.get_output_embeddings()
+        p, q = torch.softmax(lm_head(targets[mask].double()), -1), torch.softmax(lm_head(predicted), -1)
+    assert count == 6 == len(p)  # answer positions: inputs 3..8, predicting tokens 5..9's successors
+    assert hits == int((q.argmax(-1) == p.argmax(-1)).sum())
+    assert accepted == pytest.approx(float(6 - 0.5 * (p - q).abs().sum()), rel=1e-6)  # sum of 1 - TV(p, q)
+
+
+    class Oracle(torch.nn.Module):  # predicts the target's next features exactly
+        def __init__(self):
+            super().__init__()
+            self.scale = torch.nn.Parameter(torch.ones((), dtype=torch.float64))
+
+        def forward(self, inputs, embedded, positions, attention, cache):
+            return features[1:][None] * self.scale  # inputs are features 0..8, targets 1..9
+
+    assert training.depth1_scores(Oracle(), target, {"ids": ids, "start": 4, "features": features})[:2] == \
+        (6, pytest.approx(6.0))
+
+
 def test_train_head_takes_a_draft_vocabulary_size_or_full(capsys):
     from eagle_mdsd import cli
 
