@@ -188,6 +188,16 @@ def score(draft, arm: str, target, samples: list[dict]) -> tuple[float, float, i
     return top1 / count, top4 / count, count
 
 
+def frozen_target_and_shipped_head():
+    """(target, shipped head, draft rows) for fine-tuning pilots: the target in fp32 with frozen weights (training
+    as `train-head train` does: fp32 + autocast), the shipped head in fp32, and the decoder's draft vocabulary."""
+    target, _ = models.load_target(None, torch.float32)
+    for parameter in target.parameters():
+        parameter.requires_grad_(False)
+    shipped = head_module.load_head(models.DEFAULT_HEAD, target).float()
+    return target, shipped, torch.tensor(sorted(shipped.draft_vocab[:8192]))
+
+
 def finished(record: Path) -> dict:
     """The result lines of the arms a run has finished, by arm."""
     return {json.loads(line)["arm"]: json.loads(line) for line in record.read_text().splitlines()} \

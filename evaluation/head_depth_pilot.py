@@ -91,11 +91,7 @@ def main() -> None:
         mt_file = base.mt_bench_set(work, target, base.inner_states(target), tokenizer, pad_id)
     held_out = shards[runs[0]][-1]
     train_files = [shard for found in shards.values() for shard in found if shard != held_out]
-    target, _ = models.load_target(None, torch.float32)  # training as `train-head train` does: fp32 + autocast
-    for parameter in target.parameters():
-        parameter.requires_grad_(False)
-    shipped = head_module.load_head(models.DEFAULT_HEAD, target).float()
-    draft_rows = torch.tensor(sorted(shipped.draft_vocab[:8192]))  # the decoder's draft vocabulary
+    target, shipped, draft_rows = base.frozen_target_and_shipped_head()
     record = work / "results.jsonl"
     done = base.finished(record)
     held = torch.load(held_out, weights_only=True)

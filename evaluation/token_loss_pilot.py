@@ -30,7 +30,7 @@ import torch
 
 import fused_features_pilot as base
 from eagle_mdsd import head as head_module
-from eagle_mdsd import models, training
+from eagle_mdsd import training
 
 ARMS = {"shipped": None, "ce": ("ce", 0.1), "tv": ("tv", 0.1), "ce_w0.5": ("ce", 0.5), "tv_w0.5": ("tv", 0.5),
         "ce_w2": ("ce", 2.0), "tv_w2": ("tv", 2.0), "tv_w5": ("tv", 5.0)}
@@ -93,11 +93,7 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     held_out = [found[-1] for found in shards.values()]
     train_files = [shard for found in shards.values() for shard in found[:-1]]
-    target, _ = models.load_target(None, torch.float32)  # training as `train-head train` does: fp32 + autocast
-    for parameter in target.parameters():
-        parameter.requires_grad_(False)
-    shipped = head_module.load_head(models.DEFAULT_HEAD, target).float()
-    draft_rows = torch.tensor(sorted(shipped.draft_vocab[:8192]))  # the decoder's draft vocabulary
+    target, shipped, draft_rows = base.frozen_target_and_shipped_head()
     record = work / "results.jsonl"
     done = base.finished(record)
     held = [torch.load(shard, weights_only=True) for shard in held_out]
