@@ -535,7 +535,8 @@ def depth1_scores(draft_head, target, sample: dict, rows: torch.Tensor | None = 
         truth = lm_head(targets[mask].to(lm_head.weight.dtype)).float()
         weight = lm_head.weight if rows is None else lm_head.weight[rows]
         q = torch.softmax(torch.nn.functional.linear(predicted, weight).float(), -1)
-        p = torch.softmax(truth, -1) if rows is None else torch.softmax(truth, -1)[:, rows]
+        p = torch.softmax(truth, -1)
+        p = p if rows is None else p[:, rows]
         hits = int((lm_head(predicted).argmax(-1) == truth.argmax(-1)).sum())
     return hits, float(torch.minimum(p, q).sum()), len(truth)
 
