@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -12,12 +10,10 @@ import torch.nn.functional as F
 
 from eagle_mdsd import training
 
+import evaluation_scripts
 from tiny import tiny_target
 
-SCRIPT = Path(__file__).resolve().parent.parent / "evaluation" / "fused_features_pilot.py"
-spec = importlib.util.spec_from_file_location("fused_features_pilot", SCRIPT)
-pilot = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(pilot)
+pilot = evaluation_scripts.load("fused_features_pilot")
 
 
 def _sample(length=7, hidden=32, start=3, seed=0):

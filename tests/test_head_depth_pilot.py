@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -12,13 +10,10 @@ import torch
 from eagle_mdsd import head, training
 from eagle_mdsd.engine import additive_mask, preallocated_cache
 
+import evaluation_scripts
 from tiny import tiny_target
 
-EVALUATION = Path(__file__).resolve().parent.parent / "evaluation"
-sys.path.insert(0, str(EVALUATION))  # the pilot reuses fused_features_pilot.py, its sibling
-spec = importlib.util.spec_from_file_location("head_depth_pilot", EVALUATION / "head_depth_pilot.py")
-pilot = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(pilot)
+pilot = evaluation_scripts.load("head_depth_pilot")
 
 
 def test_the_grown_head_starts_as_the_head_it_grew_from():

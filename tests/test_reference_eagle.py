@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import tempfile
 from pathlib import Path
 
@@ -11,17 +10,9 @@ import torch
 
 from eagle_mdsd import engine, head, models, tree
 
-SCRIPT = Path(__file__).resolve().parent.parent / "evaluation" / "reference_eagle.py"
+import evaluation_scripts
 
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("reference_eagle", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-reference_eagle = load_script()
+reference_eagle = evaluation_scripts.load("reference_eagle")
 
 
 @pytest.mark.parametrize("text", ["float16:0", "bfloat16", "float32:-1"])

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -12,13 +10,10 @@ import torch
 from eagle_mdsd import head
 from eagle_mdsd.engine import additive_mask
 
+import evaluation_scripts
 from tiny import tiny_target
 
-EVALUATION = Path(__file__).resolve().parent.parent / "evaluation"
-sys.path.insert(0, str(EVALUATION))  # the pilot reuses fused_features_pilot.py, its sibling
-spec = importlib.util.spec_from_file_location("token_loss_pilot", EVALUATION / "token_loss_pilot.py")
-pilot = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(pilot)
+pilot = evaluation_scripts.load("token_loss_pilot")
 
 
 def test_acceptance_is_sum_min_p_q_over_the_draft_vocabulary():
