@@ -176,13 +176,25 @@ def cmd_check_greedy(args) -> None:
     print(text)
 
 
+def _openers(path) -> list[str] | None:
+    """The lines of an openers file (`train-head prompts --openers`), or None without one."""
+    if path is None:
+        return None
+    if not Path(path).is_file():
+        raise SystemExit(f"openers file {path} does not exist: give a text file with one message opener a line")
+    openers = [line.strip() for line in Path(path).read_text().splitlines() if line.strip()]
+    if not openers:
+        raise SystemExit(f"openers file {path} has no lines: write one message opener a line (e.g. 'Write a')")
+    return openers
+
+
 def cmd_train_head(args) -> None:
     from . import training
 
     out = Path(args.run)
     if args.stage == "prompts":
         path = training.self_prompts(out, args.count, args.base_model, args.dtype, seed=args.seed,
-                                     max_minutes=args.max_minutes)
+                                     max_minutes=args.max_minutes, openers=_openers(args.openers))
         print(f"{len(training.load_prompts([path]))} self-written prompts in {path}")
     if args.stage in ("data", "all"):
         prompts = args.prompts or [training.DEFAULT_PROMPTS]
@@ -390,6 +402,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--prompts", nargs="*", help="JSON/JSONL files or folders (default: shared/data/train_prompts)")
     train.add_argument("--max-prompts", type=int, default=None)
     train.add_argument("--count", type=int, default=2560, help="prompts stage: how many prompts the target writes")
+    train.add_argument("--openers", default=None,
+                       help="prompts stage: a text file of message openers, one a line; batch b's messages start "
+                            "with line b (cycling), steering the kind of task the target writes")
     train.add_argument("--data-from", nargs="*", default=[],
                        help="train stage: other runs whose data shards are trained on too")
     train.add_argument("--unroll", type=int, default=1,

@@ -117,12 +117,15 @@ def _complete_lines(path: Path) -> list[dict]:
 
 
 def self_prompts(out_dir: Path, count: int, base_model=None, dtype: str = "bfloat16", batch_size: int = 64,
-                 max_tokens: int = 96, seed: int = 0, max_minutes: float | None = None) -> Path:
+                 max_tokens: int = 96, seed: int = 0, max_minutes: float | None = None,
+                 openers: list[str] | None = None) -> Path:
     """Append instructions the target writes itself to RUN/self_prompts.jsonl until `count` are there.
 
     Batch b samples at temperature 1 with the seed (seed, b), so a rerun continues with the same
-    prompts.  Kept: messages the target ended itself (no length cut), of at least three words, not
-    seen before and not a Spec-Bench / MT-Bench question.
+    prompts.  With `openers`, batch b's messages start with openers[b % len(openers)] (e.g. "Write a
+    Python function"), which steers what kind of task the target writes.  Kept: messages the target
+    ended itself (no length cut), with at least three words of its own, not seen before and not a
+    Spec-Bench / MT-Bench question.
     """
     path = Path(out_dir) / "self_prompts.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -130,7 +133,7 @@ def self_prompts(out_dir: Path, count: int, base_model=None, dtype: str = "bfloa
     seen = {_normalise(r["prompt"]) for r in records} | benchmark_texts()
     next_batch = max((r["batch"] for r in records), default=-1) + 1
     target, tokenizer = models.load_target(base_model, models.parse_dtype(dtype))
-    prefix = torch.tensor([user_turn_prefix(tokenizer)] * batch_size)
+    header = user_turn_prefix(tokenizer)
     stop = set(models.eos_token_ids(target, tokenizer))
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     deadline = time.monotonic() + 60 * max_minutes if max_minutes else None
@@ -144,6 +147,8 @@ def self_prompts(out_dir: Path, count: int, base_model=None, dtype: str = "bfloa
         if deadline and time.monotonic() > deadline:
             print(f"time budget reached: {written} prompts written; rerun to continue")
             break
+        opener = openers[next_batch % len(openers)] if openers else ""
+        prefix = torch.tensor([header + tokenizer(opener, add_special_tokens=False)["input_ids"]] * batch_size)
         torch.manual_seed(seed * 1_000_003 + next_batch)
         with torch.inference_mode():
             out = target.generate(prefix, attention_mask=torch.ones_like(prefix), do_sample=True, temperature=1.0,
@@ -152,8 +157,9 @@ def self_prompts(out_dir: Path, count: int, base_model=None, dtype: str = "bfloa
         lines = []
         for row in out[:, prefix.shape[1]:].tolist():
             end = next((i for i, t in enumerate(row) if t in stop), None)
-            text = tokenizer.decode(row[:end]).strip() if end is not None else ""
-            if len(text.split()) < 3 or _normalise(text) in seen:
+            own = tokenizer.decode(row[:end]) if end is not None else ""
+            text = (opener + own).strip()
+            if len(own.split()) < 3 or _normalise(text) in seen:
                 continue
             seen.add(_normalise(text))
             lines.append(json.dumps({"prompt": text, "batch": next_batch}) + "\n")

@@ -276,6 +276,39 @@ def test_self_written_prompts_resume_and_skip_benchmark_questions(tmp_path, monk
     assert not (tmp_path / "parrot" / "self_prompts.jsonl").read_text()
 
 
+def test_self_written_prompts_start_with_their_batch_opener(tmp_path, monkeypatch):
+    tokenizer = _embedded_tokenizer()
+    _talkative(tmp_path / "model", tokenizer, monkeypatch)
+    openers = ["Write a poem about", "Explain"]
+    path = training.self_prompts(tmp_path / "steered", 30, batch_size=8, max_tokens=12, openers=openers)
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(records) >= 30 and {r["batch"] % 2 for r in records} == {0, 1}
+    for record in records:
+        opener = openers[record["batch"] % 2]
+        assert record["prompt"].startswith(opener)
+        assert len(record["prompt"][len(opener):].split()) >= 3  # three words of the target's own
+
+
+def test_train_head_prompts_reads_an_openers_file(monkeypatch, tmp_path):
+    from eagle_mdsd import cli
+
+    seen = {}
+    monkeypatch.setattr(training, "self_prompts",
+                        lambda *args, **kwargs: seen.update(kwargs) or tmp_path / "none.jsonl")
+    monkeypatch.setattr(training, "load_prompts", lambda paths: [])
+    (tmp_path / "openers.txt").write_text("Write a\n\n  Solve  \n")
+    parse = cli.build_parser().parse_args
+    for argv, expected in ((["--openers", str(tmp_path / "openers.txt")], ["Write a", "Solve"]), ([], None)):
+        args = parse(["train-head", "prompts", "--run", str(tmp_path)] + argv)
+        args.fn(args)
+        assert seen["openers"] == expected
+    (tmp_path / "empty.txt").write_text("\n")
+    for name, message in (("missing.txt", "does not exist"), ("empty.txt", "has no lines")):
+        args = parse(["train-head", "prompts", "--run", str(tmp_path), "--openers", str(tmp_path / name)])
+        with pytest.raises(SystemExit, match=message):
+            args.fn(args)
+
+
 class _Parrot:
     """A stand-in target whose every message is the same text."""
 
