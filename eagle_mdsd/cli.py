@@ -439,7 +439,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--eagle1-format", action="store_true", help="export pytorch_model.bin with the embedding copy")
     train.set_defaults(fn=cmd_train_head)
     run = sub.add_parser("bench", help="answer MT-Bench / Spec-Bench questions into an answer file (resumable)")
-    run.add_argument("--bench", default="mt_bench", help="mt_bench, spec_bench, or a category")
+    run.add_argument("--bench", default="mt_bench",
+                     help="mt_bench, spec_bench, a category, or a .jsonl file of your own questions (Spec-Bench "
+                          "records with 'turns', or 'prompt' records as `train-head prompts` writes)")
     run.add_argument("--question-begin", type=int, default=None)
     run.add_argument("--question-end", type=int, default=None)
     run.add_argument("--method", default="eagle", choices=METHODS,

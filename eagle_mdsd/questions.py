@@ -9,8 +9,31 @@ QUESTION_FILE = Path(__file__).resolve().parent.parent / "evaluation" / "data" /
 MT_BENCH_IDS = range(81, 161)
 
 
+def from_file(path: Path) -> list[dict]:
+    """The questions of a JSONL file of your own: Spec-Bench records (`turns`, optional `question_id` and
+    `category`) or prompt records (`prompt`, as `train-head prompts` writes), one turn each; numbered by line
+    where they carry no id, in the category named after the file where they name none."""
+    path = Path(path)
+    chosen = []
+    for number, line in enumerate(path.read_text().splitlines()):
+        if not line.strip():
+            continue
+        record = json.loads(line)
+        turns = record.get("turns") or ([record["prompt"]] if record.get("prompt") else None)
+        if not turns:
+            raise ValueError(f"{path} line {number + 1} has neither 'turns' nor 'prompt': write one question a "
+                             f"line as {{\"turns\": [...]}} or {{\"prompt\": ...}}")
+        chosen.append({"question_id": record.get("question_id", number), "category": record.get("category", path.stem),
+                       "turns": turns})
+    return chosen
+
+
 def load(bench: str = "mt_bench", path: Path = QUESTION_FILE) -> list[dict]:
-    """Questions of `bench`: mt_bench, spec_bench (all 480), or one category name."""
+    """Questions of `bench`: mt_bench, spec_bench (all 480), one category name, or a .jsonl file (`from_file`)."""
+    if bench.endswith(".jsonl"):
+        if not Path(bench).is_file():
+            raise FileNotFoundError(f"question file {bench} does not exist: give a JSONL file of questions")
+        return from_file(Path(bench))
     if not Path(path).exists():
         raise FileNotFoundError(f"question file {path} does not exist")
     questions = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
@@ -21,7 +44,8 @@ def load(bench: str = "mt_bench", path: Path = QUESTION_FILE) -> list[dict]:
     chosen = [q for q in questions if q["category"] == bench]
     if not chosen:
         categories = sorted({q["category"] for q in questions})
-        raise ValueError(f"unknown bench {bench!r}: use mt_bench, spec_bench or one of {', '.join(categories)}")
+        raise ValueError(f"unknown bench {bench!r}: use mt_bench, spec_bench, a .jsonl question file or one of "
+                         f"{', '.join(categories)}")
     return chosen
 
 

@@ -157,6 +157,20 @@ def test_question_range_selects_a_slice_and_refuses_an_empty_one():
             questions.select("mt_bench", begin, end)
 
 
+def test_a_question_file_of_your_own(tmp_path):
+    mine = tmp_path / "mine.jsonl"
+    mine.write_text(json.dumps({"prompt": "Say hi."}) + "\n\n"
+                    + json.dumps({"question_id": 7, "category": "chat", "turns": ["Hi?", "And then?"]}) + "\n")
+    assert questions.select(str(mine), None, None) == [
+        {"question_id": 0, "category": "mine", "turns": ["Say hi."]},
+        {"question_id": 7, "category": "chat", "turns": ["Hi?", "And then?"]}]
+    (tmp_path / "bad.jsonl").write_text(json.dumps({"text": "no turns"}) + "\n")
+    with pytest.raises(ValueError, match="bad.jsonl line 1 has neither 'turns' nor 'prompt'"):
+        questions.load(str(tmp_path / "bad.jsonl"))
+    with pytest.raises(FileNotFoundError, match="question file .*nope.jsonl does not exist"):
+        questions.load(str(tmp_path / "nope.jsonl"))
+
+
 @pytest.mark.parametrize("argv", [["benchmark", "--questions", "0"], ["sweep", "--questions", "-2"],
                                   ["bench", "--turns", "-1"], ["check-greedy", "--questions", "many"]])
 def test_question_and_turn_counts_are_checked_before_anything_runs(argv, capsys):
