@@ -1,8 +1,9 @@
-"""The vendored Spec-Bench / MT-Bench questions."""
+"""The vendored Spec-Bench / MT-Bench questions, and question files of your own."""
 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 QUESTION_FILE = Path(__file__).resolve().parent.parent / "evaluation" / "data" / "spec_bench" / "question.jsonl"
@@ -18,13 +19,20 @@ def from_file(path: Path) -> list[dict]:
     for number, line in enumerate(path.read_text().splitlines()):
         if not line.strip():
             continue
-        record = json.loads(line)
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path} line {number + 1} is not JSON ({error.msg}): write one JSON object a line")
         turns = record.get("turns") or ([record["prompt"]] if record.get("prompt") else None)
         if not turns:
             raise ValueError(f"{path} line {number + 1} has neither 'turns' nor 'prompt': write one question a "
                              f"line as {{\"turns\": [...]}} or {{\"prompt\": ...}}")
         chosen.append({"question_id": record.get("question_id", number), "category": record.get("category", path.stem),
                        "turns": turns})
+    twice = [i for i, count in Counter(q["question_id"] for q in chosen).items() if count > 1]
+    if twice:
+        raise ValueError(f"question_id {twice[0]} appears twice in {path}: answer files resume by id, so give every "
+                         f"question its own (lines without one are numbered by line from 0)")
     return chosen
 
 

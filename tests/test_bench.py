@@ -164,9 +164,16 @@ def test_a_question_file_of_your_own(tmp_path):
     assert questions.select(str(mine), None, None) == [
         {"question_id": 0, "category": "mine", "turns": ["Say hi."]},
         {"question_id": 7, "category": "chat", "turns": ["Hi?", "And then?"]}]
+    (tmp_path / "broken.jsonl").write_text('{"prompt": "cut')
+    with pytest.raises(ValueError, match="broken.jsonl line 1 is not JSON"):
+        questions.load(str(tmp_path / "broken.jsonl"))
     (tmp_path / "bad.jsonl").write_text(json.dumps({"text": "no turns"}) + "\n")
     with pytest.raises(ValueError, match="bad.jsonl line 1 has neither 'turns' nor 'prompt'"):
         questions.load(str(tmp_path / "bad.jsonl"))
+    (tmp_path / "twice.jsonl").write_text(json.dumps({"prompt": "A?"}) + "\n"
+                                          + json.dumps({"question_id": 0, "turns": ["B?"]}))
+    with pytest.raises(ValueError, match="question_id 0 appears twice in .*twice.jsonl"):
+        questions.load(str(tmp_path / "twice.jsonl"))
     with pytest.raises(FileNotFoundError, match="question file .*nope.jsonl does not exist"):
         questions.load(str(tmp_path / "nope.jsonl"))
 
