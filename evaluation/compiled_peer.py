@@ -1,0 +1,136 @@
+"""transformers `generate` with a static cache and torch.compile, as a peer beside the stock one and the engine.
+
+A user who wants transformers to run faster on a CPU can compile it:
+`generate(..., cache_implementation="static", compile_config=...)` compiles
+the model's forward with inductor. Is the engine's lead over `generate` just
+that?  On the first turns of N MT-Bench questions spread over the categories
+(the main benchmark's pick, default 8), 128 new tokens, bf16, T = 0 (greedy)
+and T = 1 (plain sampling, seeded by question), these arms answer question by
+question in turn: stock `generate`, compiled `generate`, the engine's plain
+decoding (`baseline`) and EAGLE with the shipped head on chain2 and (T = 0)
+eagle_default, as the main benchmark runs them.  The compiled arm is warmed
+up first on three prompts of other lengths (the second length makes inductor
+recompile with dynamic shapes); its warm-up time is reported, not counted.
+Writes evaluation/results/compiled_peer_<date>.md.
+
+    .venv/bin/python evaluation/compiled_peer.py [--questions 8] [--freezing]
+
+`--freezing` also turns on inductor's freezing pass (its own oneDNN weight
+packing); with torch 2.13.0 and transformers 5.23.0 on a 2-core AMD EPYC the
+compiled forward then stops with an index out of bounds in its fused cache
+update, so the measured page has no such row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+from transformers import CompileConfig
+
+from eagle_mdsd import benchmarks, models, questions, suite, tree
+from eagle_mdsd import head as head_module
+
+
+def compiled_generate(target, eos, prompt_ids, max_new_tokens, temperature, seed, compile_config):
+    """(new token ids up to the first EOS, seconds) of transformers' generate with a static cache, its forward
+    compiled as `compile_config` says."""
+    prompt = torch.tensor([prompt_ids], device=target.device)
+    sampled = temperature > 0
+    torch.manual_seed(seed)
+    start = time.perf_counter()
+    with torch.inference_mode():
+        output = target.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=max_new_tokens,
+                                 do_sample=sampled, temperature=temperature if sampled else None,
+                                 top_k=0 if sampled else None, top_p=1.0 if sampled else None,
+                                 eos_token_id=eos, pad_token_id=eos[0], cache_implementation="static",
+                                 compile_config=compile_config)
+    return output[0, prompt.shape[1]:].tolist(), time.perf_counter() - start  # batch 1: generate stops at EOS
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--questions", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--freezing", action="store_true")
+    args = parser.parse_args()
+    if args.questions < 1:
+        parser.error(f"--questions is {args.questions}: pass 1 or more")
+    torch._inductor.config.freezing = args.freezing
+    target, tokenizer = models.load_target(None, torch.bfloat16)
+    draft_head = head_module.load_head(models.DEFAULT_HEAD, target)
+    eos = models.eos_token_ids(target, tokenizer)
+    compile_config = CompileConfig(fullgraph=False, dynamic=None, mode="default")
+    compile_config._compile_all_devices = True  # transformers compiles on CPUs only when asked this way
+    mt_bench = questions.load("mt_bench")
+    chosen = suite.spread(mt_bench, args.questions)
+    prompts = [models.chat_prompt_ids(tokenizer, q["turns"][0]) for q in chosen]
+    warmup_prompts = [models.chat_prompt_ids(tokenizer, q["turns"][0]) for q in mt_bench if q not in chosen][-3:]
+    stock = suite.make_runner("hf_generate", target, tokenizer)
+    engines = {"baseline": suite.make_runner("baseline", target, tokenizer)}
+    for name in ("chain2", "eagle_default"):
+        engines[f"EAGLE {name}"] = suite.make_runner("eagle", target, tokenizer, draft_head, tree.load(name))
+    sampler = suite.make_runner("eagle", target, tokenizer, draft_head, tree.load("chain2"), *suite.SAMPLING_PAIR.split("/"))
+
+    start = time.perf_counter()
+    for prompt in warmup_prompts:
+        compiled_generate(target, eos, prompt, args.max_new_tokens, 0.0, 0, compile_config)
+    warmup = time.perf_counter() - start
+    print(f"compiled generate warm-up: {warmup:.0f} s", flush=True)
+    for runner in (stock, *engines.values(), sampler):  # first calls set up kernels
+        runner.generate(warmup_prompts[0], 16, 0.0, 0, "hf_generate" if runner is stock else "baseline")
+        if runner is not stock and runner.head is not None:
+            runner.generate(warmup_prompts[0], 16, 0.0, 0)
+
+    rows = []
+    for temperature in (0.0, 1.0):
+        arms = {"transformers `generate`": lambda p, s: stock.generate(p, args.max_new_tokens, temperature, s),
+                "`generate`, static cache + torch.compile": None,
+                "baseline (our loop)": lambda p, s: engines["baseline"].generate(p, args.max_new_tokens, temperature,
+                                                                                s, "baseline")}
+        if temperature == 0:
+            for name in ("EAGLE chain2", "EAGLE eagle_default"):
+                arms[f"{name} (top-k drafts)"] = (lambda engine: lambda p, s: engine.generate(
+                    p, args.max_new_tokens, temperature, s))(engines[name])
+        else:
+            arms["EAGLE chain2 (sampled drafts, rrs_wo)"] = lambda p, s: sampler.generate(p, args.max_new_tokens,
+                                                                                         temperature, s)
+        tokens, seconds = dict.fromkeys(arms, 0), dict.fromkeys(arms, 0.0)
+        for index, prompt in enumerate(prompts):
+            for arm, run in arms.items():
+                if run is None:
+                    answer, wall = compiled_generate(target, eos, prompt, args.max_new_tokens, temperature, index,
+                                                     compile_config)
+                    new = len(answer)
+                else:
+                    result = run(prompt, index)
+                    new, wall = result.new_tokens, result.wall_time_s
+                tokens[arm] += new
+                seconds[arm] += wall
+        stock_speed = tokens["transformers `generate`"] / seconds["transformers `generate`"]
+        compiled_speed = (tokens["`generate`, static cache + torch.compile"]
+                          / seconds["`generate`, static cache + torch.compile"])
+        for arm in arms:
+            speed = tokens[arm] / seconds[arm]
+            rows.append(f"| {temperature:g} | {arm} | {tokens[arm]} | {speed:.1f} | {speed / stock_speed:.2f}x | "
+                        f"{speed / compiled_speed:.2f}x |")
+            print(rows[-1], flush=True)
+    page = benchmarks.write_page(
+        Path(__file__).resolve().parent / "results", "compiled_peer",
+        "transformers generate compiled, beside the stock one and the engine",
+        f"Embedded default, bf16, first turns of {args.questions} MT-Bench questions (the main benchmark's), at most "
+        f"{args.max_new_tokens} new tokens, T = 1 seeded by question; arms question by question in turn. Compiled "
+        f"arm: `generate(cache_implementation='static', compile_config=CompileConfig(mode='default'))`, inductor "
+        f"freezing {'on' if args.freezing else 'off'}, warmed up on three other prompts first ({warmup:.0f} s, not "
+        f"counted). The engine's arms run on its packed bf16 kernels (`--kernels auto`), as the main benchmark "
+        f"does. Command: `.venv/bin/python evaluation/compiled_peer.py --questions {args.questions}"
+        f"{' --freezing' if args.freezing else ''}`.",
+        ["| T | arm | new tokens | tokens/s | x stock `generate` | x compiled `generate` |", "|---|---|---|---|---|---|",
+         *rows])
+    print(f"wrote {page}")
+
+
+if __name__ == "__main__":
+    main()
