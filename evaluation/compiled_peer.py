@@ -33,6 +33,8 @@ from transformers import CompileConfig
 from eagle_mdsd import benchmarks, models, questions, suite, tree
 from eagle_mdsd import head as head_module
 
+STOCK, COMPILED = "transformers `generate`", "`generate`, static cache + torch.compile"
+
 
 def compiled_generate(target, eos, prompt_ids, max_new_tokens, temperature, seed, compile_config):
     """(new token ids up to the first EOS, seconds) of transformers' generate with a static cache, its forward
@@ -69,52 +71,43 @@ def main() -> None:
     prompts = [models.chat_prompt_ids(tokenizer, q["turns"][0]) for q in chosen]
     warmup_prompts = [models.chat_prompt_ids(tokenizer, q["turns"][0]) for q in mt_bench if q not in chosen][-3:]
     stock = suite.make_runner("hf_generate", target, tokenizer)
-    engines = {"baseline": suite.make_runner("baseline", target, tokenizer)}
-    for name in ("chain2", "eagle_default"):
-        engines[f"EAGLE {name}"] = suite.make_runner("eagle", target, tokenizer, draft_head, tree.load(name))
-    sampler = suite.make_runner("eagle", target, tokenizer, draft_head, tree.load("chain2"), *suite.SAMPLING_PAIR.split("/"))
+    baseline = suite.make_runner("baseline", target, tokenizer)
+    chain2, default = (suite.make_runner("eagle", target, tokenizer, draft_head, tree.load(name))
+                       for name in ("chain2", "eagle_default"))
+    sampler = suite.make_runner("eagle", target, tokenizer, draft_head, tree.load("chain2"),
+                                *suite.SAMPLING_PAIR.split("/"))
+    common = [(STOCK, stock, "hf_generate"), (COMPILED, None, None), ("baseline (our loop)", baseline, "baseline")]
+    arms = {0.0: common + [("EAGLE chain2 (top-k drafts)", chain2, "eagle"),
+                           ("EAGLE eagle_default (top-k drafts)", default, "eagle")],
+            1.0: common + [("EAGLE chain2 (sampled drafts, rrs_wo)", sampler, "eagle")]}
 
     start = time.perf_counter()
     for prompt in warmup_prompts:
         compiled_generate(target, eos, prompt, args.max_new_tokens, 0.0, 0, compile_config)
     warmup = time.perf_counter() - start
     print(f"compiled generate warm-up: {warmup:.0f} s", flush=True)
-    for runner in (stock, *engines.values(), sampler):  # first calls set up kernels
-        runner.generate(warmup_prompts[0], 16, 0.0, 0, "hf_generate" if runner is stock else "baseline")
-        if runner is not stock and runner.head is not None:
-            runner.generate(warmup_prompts[0], 16, 0.0, 0)
+    for _, runner, method in arms[0.0] + arms[1.0]:  # first calls set up kernels
+        if runner is not None:
+            runner.generate(warmup_prompts[0], 16, 0.0, 0, method)
 
     rows = []
-    for temperature in (0.0, 1.0):
-        arms = {"transformers `generate`": lambda p, s: stock.generate(p, args.max_new_tokens, temperature, s),
-                "`generate`, static cache + torch.compile": None,
-                "baseline (our loop)": lambda p, s: engines["baseline"].generate(p, args.max_new_tokens, temperature,
-                                                                                s, "baseline")}
-        if temperature == 0:
-            for name in ("EAGLE chain2", "EAGLE eagle_default"):
-                arms[f"{name} (top-k drafts)"] = (lambda engine: lambda p, s: engine.generate(
-                    p, args.max_new_tokens, temperature, s))(engines[name])
-        else:
-            arms["EAGLE chain2 (sampled drafts, rrs_wo)"] = lambda p, s: sampler.generate(p, args.max_new_tokens,
-                                                                                         temperature, s)
-        tokens, seconds = dict.fromkeys(arms, 0), dict.fromkeys(arms, 0.0)
+    for temperature, runs in arms.items():
+        tokens, seconds = {}, {}
         for index, prompt in enumerate(prompts):
-            for arm, run in arms.items():
-                if run is None:
+            for label, runner, method in runs:
+                if runner is None:
                     answer, wall = compiled_generate(target, eos, prompt, args.max_new_tokens, temperature, index,
                                                      compile_config)
                     new = len(answer)
                 else:
-                    result = run(prompt, index)
+                    result = runner.generate(prompt, args.max_new_tokens, temperature, index, method)
                     new, wall = result.new_tokens, result.wall_time_s
-                tokens[arm] += new
-                seconds[arm] += wall
-        stock_speed = tokens["transformers `generate`"] / seconds["transformers `generate`"]
-        compiled_speed = (tokens["`generate`, static cache + torch.compile"]
-                          / seconds["`generate`, static cache + torch.compile"])
-        for arm in arms:
-            speed = tokens[arm] / seconds[arm]
-            rows.append(f"| {temperature:g} | {arm} | {tokens[arm]} | {speed:.1f} | {speed / stock_speed:.2f}x | "
+                tokens[label] = tokens.get(label, 0) + new
+                seconds[label] = seconds.get(label, 0.0) + wall
+        stock_speed, compiled_speed = (tokens[label] / seconds[label] for label in (STOCK, COMPILED))
+        for label, _, _ in runs:
+            speed = tokens[label] / seconds[label]
+            rows.append(f"| {temperature:g} | {label} | {tokens[label]} | {speed:.1f} | {speed / stock_speed:.2f}x | "
                         f"{speed / compiled_speed:.2f}x |")
             print(rows[-1], flush=True)
     page = benchmarks.write_page(
