@@ -28,7 +28,9 @@ class TransformersPeer:
         self.eos = [int(e) for e in eos_token_ids]
         self.prompt_lookup_tokens, self.max_matching_ngram = prompt_lookup_tokens, max_matching_ngram
 
-    def _config(self, max_new_tokens: int, temperature: float, method: str) -> GenerationConfig:
+    def generation_config(self, max_new_tokens: int, temperature: float, method: str) -> GenerationConfig:
+        """What `generate` is called with for `method`: greedy at T = 0, plain sampling over the whole vocabulary
+        otherwise; prompt lookup's settings for prompt_lookup."""
         sampled = temperature > 0
         extra = ({"prompt_lookup_num_tokens": self.prompt_lookup_tokens,
                   "max_matching_ngram_size": self.max_matching_ngram} if method == "prompt_lookup" else {})
@@ -45,7 +47,7 @@ class TransformersPeer:
             raise ValueError(f"temperature must be >= 0, got {temperature}")
         device = self.target.get_input_embeddings().weight.device
         prompt = torch.as_tensor(prompt_ids, dtype=torch.long, device=device).reshape(1, -1)
-        config = self._config(max_new_tokens, temperature, method)
+        config = self.generation_config(max_new_tokens, temperature, method)
         passes = []  # end time of each target forward
         hook = self.target.register_forward_hook(lambda *_: passes.append(time.perf_counter()))
         try:

@@ -30,25 +30,29 @@ from pathlib import Path
 import torch
 from transformers import CompileConfig
 
-from eagle_mdsd import benchmarks, models, questions, suite, tree
+from eagle_mdsd import benchmarks, models, peers, questions, suite, tree
 from eagle_mdsd import head as head_module
 
 STOCK, COMPILED = "transformers `generate`", "`generate`, static cache + torch.compile"
 
 
+def cpu_compile_config() -> CompileConfig:
+    """inductor in its default mode; transformers compiles `generate`'s forward on a CPU only when asked this way."""
+    config = CompileConfig(fullgraph=False, dynamic=None, mode="default")
+    config._compile_all_devices = True
+    return config
+
+
 def compiled_generate(target, eos, prompt_ids, max_new_tokens, temperature, seed, compile_config):
-    """(new token ids up to the first EOS, seconds) of transformers' generate with a static cache, its forward
-    compiled as `compile_config` says."""
+    """(new token ids up to the first EOS, seconds) of transformers' generate as the hf_generate peer calls it,
+    but with a static cache and its forward compiled as `compile_config` says."""
+    config = peers.TransformersPeer(target, eos).generation_config(max_new_tokens, temperature, "hf_generate")
+    config.cache_implementation, config.compile_config = "static", compile_config
     prompt = torch.tensor([prompt_ids], device=target.device)
-    sampled = temperature > 0
     torch.manual_seed(seed)
     start = time.perf_counter()
     with torch.inference_mode():
-        output = target.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=max_new_tokens,
-                                 do_sample=sampled, temperature=temperature if sampled else None,
-                                 top_k=0 if sampled else None, top_p=1.0 if sampled else None,
-                                 eos_token_id=eos, pad_token_id=eos[0], cache_implementation="static",
-                                 compile_config=compile_config)
+        output = target.generate(prompt, attention_mask=torch.ones_like(prompt), generation_config=config)
     return output[0, prompt.shape[1]:].tolist(), time.perf_counter() - start  # batch 1: generate stops at EOS
 
 
@@ -64,8 +68,7 @@ def main() -> None:
     target, tokenizer = models.load_target(None, torch.bfloat16)
     draft_head = head_module.load_head(models.DEFAULT_HEAD, target)
     eos = models.eos_token_ids(target, tokenizer)
-    compile_config = CompileConfig(fullgraph=False, dynamic=None, mode="default")
-    compile_config._compile_all_devices = True  # transformers compiles on CPUs only when asked this way
+    compile_config = cpu_compile_config()
     mt_bench = questions.load("mt_bench")
     chosen = suite.spread(mt_bench, args.questions)
     prompts = [models.chat_prompt_ids(tokenizer, q["turns"][0]) for q in chosen]
@@ -86,9 +89,9 @@ def main() -> None:
         compiled_generate(target, eos, prompt, args.max_new_tokens, 0.0, 0, compile_config)
     warmup = time.perf_counter() - start
     print(f"compiled generate warm-up: {warmup:.0f} s", flush=True)
-    for _, runner, method in arms[0.0] + arms[1.0]:  # first calls set up kernels
-        if runner is not None:
-            runner.generate(warmup_prompts[0], 16, 0.0, 0, method)
+    for runner, method in dict.fromkeys((runner, method)
+                                            for _, runner, method in arms[0.0] + arms[1.0] if runner is not None):
+        runner.generate(warmup_prompts[0], 16, 0.0, 0, method)  # first calls set up kernels
 
     rows = []
     for temperature, runs in arms.items():

@@ -75,7 +75,7 @@ def test_peers_match_the_engine_and_count_passes(small_chat_model):
 
 def test_peer_sampling_ignores_the_models_top_k_and_top_p(small_chat_model):
     target, _ = small_chat_model
-    config = peers.TransformersPeer(target, [2])._config(8, 0.7, "hf_generate")
+    config = peers.TransformersPeer(target, [2]).generation_config(8, 0.7, "hf_generate")
     assert config.do_sample and config.temperature == 0.7 and config.top_k == 0 and config.top_p == 1.0
 
 

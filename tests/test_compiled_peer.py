@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-from transformers import CompileConfig
 
 import evaluation_scripts
 from tiny import tiny_target
@@ -13,8 +12,7 @@ peer = evaluation_scripts.load("compiled_peer")
 
 def test_compiled_generate_answers_as_stock_greedy_generate_up_to_eos():
     target = tiny_target(vocab=16, hidden=32).float()
-    config = CompileConfig(fullgraph=False, dynamic=None, mode="default")
-    config._compile_all_devices = True
+    config = peer.cpu_compile_config()
     prompt = [1, 5, 2, 7, 3]
     with torch.inference_mode():
         stock = target.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=12, eos_token_id=None,
