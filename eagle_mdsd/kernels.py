@@ -17,13 +17,19 @@ attends over the shared key/value heads with torch's enable_gqa instead of
 transformers' copies of them (repeat_kv), bit for bit the same output
 (tests/test_kernels.py); elsewhere it is transformers' SDPA attention.
 
+Sibling layers that read the same input - a decoder layer's q, k and v
+projections, its MLP's gate and up projections - are packed as one weight
+(their rows stacked): inside `packed()` the first of them to see an input
+computes all of their products in one call and the others take their part of
+it.  One call reads the weights faster than three, and each output is the
+separate product's, bit for bit (tests/test_kernels.py).
+
 A packed weight is redone when its tensor changes in place (an optimizer
 step) or is replaced, so a head still in training never runs on stale weights.
 """
 
 from __future__ import annotations
 
-import weakref
 from contextlib import contextmanager
 
 import torch
@@ -40,22 +46,73 @@ def available(weight: torch.Tensor) -> bool:
             and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
 
 
+SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # layers a decoder calls on one input
+
+
 class PackedLinear(torch.nn.Linear):
     """nn.Linear whose product runs on a prepacked weight inside `packed()` (no autograd there)."""
 
     active = False  # switched on by `packed()` only
+    siblings: "Siblings | None" = None  # set when packed together with the layers that share its input
 
     def repack(self) -> None:
         self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), None)
-        self.packed_from = (weakref.ref(self.weight), self.weight._version)
+        self.packed_from = _sources([self])
 
     def forward(self, x):
         if not PackedLinear.active or torch.is_grad_enabled():
             return F.linear(x, self.weight, self.bias)
-        source, version = self.packed_from
-        if source() is not self.weight or version != self.weight._version:  # replaced, or changed in place
+        if self.siblings is not None:
+            return self.siblings.output(self, x)
+        if not _current(self.packed_from, [self]):
             self.repack()
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+
+
+def _parameters(layers) -> list[torch.Tensor]:
+    return [tensor for layer in layers for tensor in (layer.weight, layer.bias) if tensor is not None]
+
+
+def _sources(layers) -> list:
+    """What a packed weight is made from: the layers' weights and biases, each with its in-place version."""
+    return [(tensor, tensor._version) for tensor in _parameters(layers)]
+
+
+def _current(sources, layers) -> bool:
+    """Whether no weight or bias has been replaced or changed in place (an optimizer step) since packing."""
+    now = _parameters(layers)
+    return len(now) == len(sources) and all(tensor is new and version == new._version
+                                            for (tensor, version), new in zip(sources, now))
+
+
+class Siblings:
+    """PackedLinear layers that read the same input, packed as one weight (rows stacked)."""
+
+    def __init__(self, layers: list[PackedLinear]):
+        self.layers, self.sizes = layers, [layer.out_features for layer in layers]
+        self.input = None  # the input whose products are held, until each layer has taken its part
+        for layer in layers:
+            layer.siblings = self
+        self.repack()
+
+    def repack(self) -> None:
+        weight = torch.cat([layer.weight.detach() for layer in self.layers])
+        self.bias = None if self.layers[0].bias is None else torch.cat([layer.bias.detach() for layer in self.layers])
+        self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+        self.packed_from = _sources(self.layers)
+
+    def output(self, layer: PackedLinear, x: torch.Tensor) -> torch.Tensor:
+        if not _current(self.packed_from, self.layers):
+            self.repack()
+            self.input = None  # the products held are stale
+        if x is not self.input:
+            product = torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+            self.input, self.parts, self.waiting = x, product.split(self.sizes, -1), set(self.layers)
+        part = self.parts[self.layers.index(layer)]
+        self.waiting.discard(layer)
+        if not self.waiting:  # every layer has its part: let go of the input and the products
+            self.input = self.parts = None
+        return part
 
 
 GQA_SDPA = __name__.replace(".", "_") + "_gqa_sdpa"  # per copy of the package (scripts/compare_revisions.py)
@@ -93,8 +150,9 @@ def resolve(choice: str, weight: torch.Tensor) -> bool:
     return choice != "stock" and available(weight)
 
 
-def pack(model: torch.nn.Module) -> torch.nn.Module:
-    """Turn every nn.Linear of `model` into a PackedLinear in place (same parameters), and its SDPA attention
+def pack(model: torch.nn.Module, siblings: bool = True) -> torch.nn.Module:
+    """Turn every nn.Linear of `model` into a PackedLinear in place (same parameters), packing the SIBLINGS of
+    a module as one weight (each layer alone with siblings=False, as before 2026-11-24), and its SDPA attention
     into `gqa_sdpa`; returns the model."""
     config = getattr(model, "config", None)
     if getattr(config, "_attn_implementation", None) == "sdpa":
@@ -104,6 +162,14 @@ def pack(model: torch.nn.Module) -> torch.nn.Module:
         if type(module) is torch.nn.Linear:
             module.__class__ = PackedLinear
             module.repack()
+    for module in model.modules() if siblings else ():
+        for names in SIBLINGS:
+            layers = [getattr(module, name, None) for name in names]
+            if (all(type(layer) is PackedLinear and layer.siblings is None for layer in layers)
+                    and len({(layer.in_features, layer.bias is None) for layer in layers}) == 1):
+                Siblings(layers)
+                for layer in layers:
+                    del layer.packed_weight, layer.packed_from  # the shared weight replaces theirs
     return model
 
 

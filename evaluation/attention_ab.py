@@ -24,6 +24,22 @@ from eagle_mdsd import benchmarks, engine, head, kernels, models, questions, tre
 ARMS = ("sdpa", kernels.GQA_SDPA)
 
 
+def take_turns(arms, run, prompts) -> tuple[dict[str, float], int]:
+    """Tokens/s of each arm over the prompts and how many answers all arms made the same; `run(arm, prompt,
+    max_new_tokens, seed)` generates.  The arms take turns going first, question by question, after an
+    8-token warm-up each; 128 new tokens, seeded by question."""
+    tokens, seconds, answers = dict.fromkeys(arms, 0), dict.fromkeys(arms, 0.0), {arm: [] for arm in arms}
+    for index, prompt in enumerate(prompts):
+        for arm in arms if index % 2 == 0 else arms[::-1]:
+            run(arm, prompt, 8, index)  # warm-up
+            result = run(arm, prompt, 128, index)
+            tokens[arm] += result.new_tokens
+            seconds[arm] += result.wall_time_s
+            answers[arm].append(result.token_ids)
+    same = sum(len({tuple(answers[arm][i]) for arm in arms}) == 1 for i in range(len(prompts)))
+    return {arm: tokens[arm] / seconds[arm] for arm in arms}, same
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--questions", type=int, default=8)
@@ -39,17 +55,12 @@ def main() -> None:
     prompts = [models.chat_prompt_ids(tokenizer, q["turns"][0]) for q in questions.load("mt_bench")[: args.questions]]
     rows = []
     for temperature, decoder in decoders.items():
-        tokens, seconds, answers = dict.fromkeys(ARMS, 0), dict.fromkeys(ARMS, 0.0), {arm: [] for arm in ARMS}
-        for index, prompt in enumerate(prompts):
-            for arm in ARMS if index % 2 == 0 else ARMS[::-1]:
-                target.config._attn_implementation = draft_head.config._attn_implementation = arm
-                decoder.generate(prompt, 8, temperature, seed=index)  # warm-up
-                result = decoder.generate(prompt, 128, temperature, seed=index)
-                tokens[arm] += result.new_tokens
-                seconds[arm] += result.wall_time_s
-                answers[arm].append(result.token_ids)
-        speed = {arm: tokens[arm] / seconds[arm] for arm in ARMS}
-        same = sum(a == b for a, b in zip(*answers.values()))
+
+        def run(arm, prompt, max_new_tokens, seed, decoder=decoder, temperature=temperature):
+            target.config._attn_implementation = draft_head.config._attn_implementation = arm
+            return decoder.generate(prompt, max_new_tokens, temperature, seed=seed)
+
+        speed, same = take_turns(ARMS, run, prompts)
         rows.append(f"| {temperature:g} | {speed['sdpa']:.1f} | {speed[kernels.GQA_SDPA]:.1f} | "
                     f"{speed[kernels.GQA_SDPA] / speed['sdpa']:.3f} | {same} / {len(prompts)} |")
         print(rows[-1])

@@ -67,6 +67,50 @@ def test_a_replaced_weight_is_repacked():
         assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
 
 
+class Projections(torch.nn.Module):
+    """q, k and v projections of one input, as a decoder layer's attention holds them."""
+
+    def __init__(self, bias):
+        super().__init__()
+        self.q_proj, self.k_proj, self.v_proj = (bf16_linear(576, size, bias, seed) for seed, size in
+                                                 enumerate((576, 192, 192)))
+
+
+@needs_packing
+@pytest.mark.parametrize("rows", [1, 7, 26])
+@pytest.mark.parametrize("bias", [False, True])
+def test_sibling_layers_packed_together_give_the_stock_outputs_bit_for_bit(rows, bias):
+    module = Projections(bias)
+    x = torch.randn(1, rows, 576, dtype=torch.bfloat16)
+    names = ("q_proj", "k_proj", "v_proj")
+    stock = [F.linear(x, getattr(module, name).weight, getattr(module, name).bias) for name in names]
+    kernels.pack(module)
+    siblings = module.q_proj.siblings
+    assert isinstance(siblings, kernels.Siblings) and siblings.layers == [getattr(module, name) for name in names]
+    with torch.inference_mode(), kernels.packed():
+        with torch.profiler.profile() as profile:
+            made = [getattr(module, name)(x) for name in names]
+        assert [event.name for event in profile.events()].count("mkldnn::_linear_pointwise") == 1  # one product
+        assert siblings.input is None  # each layer took its part: nothing held
+        assert all(torch.equal(a, b) for a, b in zip(made, stock))
+        assert torch.equal(module.v_proj(x), stock[2])  # one layer alone on an input
+        with torch.no_grad():
+            module.k_proj.weight.mul_(-2.0)  # an optimizer step, say: the shared weight is repacked
+        assert torch.equal(module.k_proj(x), F.linear(x, module.k_proj.weight, module.k_proj.bias))
+
+
+@needs_packing
+def test_siblings_are_packed_only_in_decoder_layers_and_only_when_asked():
+    target = tiny_target(vocab=64, hidden=64).to(torch.bfloat16)
+    kernels.pack(target)
+    layer = target.model.layers[0]
+    assert layer.self_attn.q_proj.siblings is layer.self_attn.v_proj.siblings is not None
+    assert layer.mlp.gate_proj.siblings is layer.mlp.up_proj.siblings is not None
+    assert layer.self_attn.o_proj.siblings is layer.mlp.down_proj.siblings is target.lm_head.siblings is None
+    alone = kernels.pack(tiny_target(vocab=64, hidden=64).to(torch.bfloat16), siblings=False)
+    assert all(module.siblings is None for module in alone.modules() if isinstance(module, kernels.PackedLinear))
+
+
 def test_kernel_choices_are_checked():
     with pytest.raises(ValueError, match="unknown kernels 'fast': use one of auto, packed, stock"):
         kernels.resolve("fast", torch.zeros(1))
