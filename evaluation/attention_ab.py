@@ -40,19 +40,25 @@ def take_turns(arms, run, prompts) -> tuple[dict[str, float], int]:
     return {arm: tokens[arm] / seconds[arm] for arm in arms}, same
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def question_count(description: str) -> int:
+    """--questions N from the command line (default 8): how many MT-Bench first turns an A/B script answers."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--questions", type=int, default=8)
     args = parser.parse_args()
     if args.questions < 1:
         parser.error(f"--questions is {args.questions}: pass 1 or more")
+    return args.questions
+
+
+def main() -> None:
+    count = question_count(__doc__.splitlines()[0])
     target, tokenizer = models.load_target(None, torch.bfloat16)
     draft_head = head.load_head(models.DEFAULT_HEAD, target)
     eos = models.eos_token_ids(target, tokenizer)
     decoders = {temperature: engine.Decoder(target, draft_head, tree.load("eagle_default"), *pair, eos_token_ids=eos,
                                             draft_vocab="auto", kernels_choice="packed")
                 for temperature, pair in ((0.0, ("topk", "topk")), (1.0, ("without_replacement", "rrs_wo")))}
-    prompts = [models.chat_prompt_ids(tokenizer, q["turns"][0]) for q in questions.load("mt_bench")[: args.questions]]
+    prompts = [models.chat_prompt_ids(tokenizer, q["turns"][0]) for q in questions.load("mt_bench")[:count]]
     rows = []
     for temperature, decoder in decoders.items():
 

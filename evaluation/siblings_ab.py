@@ -18,12 +18,11 @@ how many answers came out the same.
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import torch
 
-from attention_ab import take_turns
+from attention_ab import question_count, take_turns
 from eagle_mdsd import benchmarks, engine, head, kernels, models, questions, tree
 
 ARMS = ("alone", "siblings")
@@ -45,15 +44,11 @@ def load(siblings: bool):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--questions", type=int, default=8)
-    args = parser.parse_args()
-    if args.questions < 1:
-        parser.error(f"--questions is {args.questions}: pass 1 or more")
+    count = question_count(__doc__.splitlines()[0])
     models_by_arm = {arm: load(siblings=arm == "siblings") for arm in ARMS}
     tokenizer = models_by_arm["alone"][2]
     eos = models.eos_token_ids(models_by_arm["alone"][0], tokenizer)
-    prompts = [models.chat_prompt_ids(tokenizer, q["turns"][0]) for q in questions.load("mt_bench")[: args.questions]]
+    prompts = [models.chat_prompt_ids(tokenizer, q["turns"][0]) for q in questions.load("mt_bench")[:count]]
     rows = []
     for label, method, tree_name, drafter, verifier, temperature in RUNS:
         decoders = {arm: engine.Decoder(target, draft_head, tree.load(tree_name), drafter, verifier, eos_token_ids=eos,
