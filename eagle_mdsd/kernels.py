@@ -57,30 +57,31 @@ class PackedLinear(torch.nn.Linear):
 
     def repack(self) -> None:
         self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), None)
-        self.packed_from = _sources([self])
+        self.packed_from = _sources(self)
 
     def forward(self, x):
         if not PackedLinear.active or torch.is_grad_enabled():
             return F.linear(x, self.weight, self.bias)
         if self.siblings is not None:
             return self.siblings.output(self, x)
-        if not _current(self.packed_from, [self]):
+        if not _current(self.packed_from, self):
             self.repack()
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
 
 
-def _parameters(layers) -> list[torch.Tensor]:
-    return [tensor for layer in layers for tensor in (layer.weight, layer.bias) if tensor is not None]
+def _parameters(layer) -> list[torch.Tensor]:
+    return [layer.weight] if layer.bias is None else [layer.weight, layer.bias]
 
 
-def _sources(layers) -> list:
-    """What a packed weight is made from: the layers' weights and biases, each with its in-place version."""
-    return [(tensor, tensor._version) for tensor in _parameters(layers)]
+def _sources(layer) -> list:
+    """What a packed weight is made from: the layer's weight and bias, each with its in-place version."""
+    return [(tensor, tensor._version) for tensor in _parameters(layer)]
 
 
-def _current(sources, layers) -> bool:
-    """Whether no weight or bias has been replaced or changed in place (an optimizer step) since packing."""
-    now = _parameters(layers)
+def _current(sources, layer) -> bool:
+    """Whether the layer's weight and bias are neither replaced nor changed in place (an optimizer step) since
+    `sources` were taken."""
+    now = _parameters(layer)
     return len(now) == len(sources) and all(tensor is new and version == new._version
                                             for (tensor, version), new in zip(sources, now))
 
@@ -90,7 +91,7 @@ class Siblings:
 
     def __init__(self, layers: list[PackedLinear]):
         self.layers, self.sizes = layers, [layer.out_features for layer in layers]
-        self.input = None  # the input whose products are held, until each layer has taken its part
+        self.input, self.parts = None, {}  # an input and the parts of its product no layer has taken yet
         for layer in layers:
             layer.siblings = self
         self.repack()
@@ -99,19 +100,18 @@ class Siblings:
         weight = torch.cat([layer.weight.detach() for layer in self.layers])
         self.bias = None if self.layers[0].bias is None else torch.cat([layer.bias.detach() for layer in self.layers])
         self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight, None)
-        self.packed_from = _sources(self.layers)
+        self.packed_from = {layer: _sources(layer) for layer in self.layers}
 
     def output(self, layer: PackedLinear, x: torch.Tensor) -> torch.Tensor:
-        if not _current(self.packed_from, self.layers):
-            self.repack()
-            self.input = None  # the products held are stale
-        if x is not self.input:
+        # A held part is served if its own layer is unchanged; a new product first checks every layer.
+        if x is not self.input or layer not in self.parts or not _current(self.packed_from[layer], layer):
+            if not all(_current(self.packed_from[sibling], sibling) for sibling in self.layers):
+                self.repack()
             product = torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
-            self.input, self.parts, self.waiting = x, product.split(self.sizes, -1), set(self.layers)
-        part = self.parts[self.layers.index(layer)]
-        self.waiting.discard(layer)
-        if not self.waiting:  # every layer has its part: let go of the input and the products
-            self.input = self.parts = None
+            self.input, self.parts = x, dict(zip(self.layers, product.split(self.sizes, -1)))
+        part = self.parts.pop(layer)
+        if not self.parts:  # every layer has its part: let go of the input
+            self.input = None
         return part
 
 
@@ -158,18 +158,18 @@ def pack(model: torch.nn.Module, siblings: bool = True) -> torch.nn.Module:
     if getattr(config, "_attn_implementation", None) == "sdpa":
         _register_gqa_sdpa()
         config._attn_implementation = GQA_SDPA
-    for module in model.modules():
-        if type(module) is torch.nn.Linear:
-            module.__class__ = PackedLinear
-            module.repack()
+    fresh = {module for module in model.modules() if type(module) is torch.nn.Linear}
+    for module in fresh:
+        module.__class__ = PackedLinear
     for module in model.modules() if siblings else ():
         for names in SIBLINGS:
             layers = [getattr(module, name, None) for name in names]
-            if (all(type(layer) is PackedLinear and layer.siblings is None for layer in layers)
-                    and len({(layer.in_features, layer.bias is None) for layer in layers}) == 1):
+            if all(layer in fresh for layer in layers) and len({(layer.in_features, layer.bias is None)
+                                                                for layer in layers}) == 1:
                 Siblings(layers)
-                for layer in layers:
-                    del layer.packed_weight, layer.packed_from  # the shared weight replaces theirs
+    for module in fresh:
+        if module.siblings is None:
+            module.repack()
     return model
 
 
