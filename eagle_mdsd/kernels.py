@@ -25,11 +25,15 @@ it.  One call reads the weights faster than three, and each output is the
 separate product's, bit for bit (tests/test_kernels.py).
 
 A packed weight is redone when its tensor changes in place (an optimizer
-step) or is replaced, so a head still in training never runs on stale weights.
+step) or is replaced, so a head still in training never runs on stale weights:
+`packed()` checks every packed layer once on entry (a quarter of a millisecond
+for the embedded default and its head), and inside the block the layers trust
+their packed weights - change no weight inside a `packed()` block.
 """
 
 from __future__ import annotations
 
+import weakref
 from contextlib import contextmanager
 
 import torch
@@ -47,6 +51,7 @@ def available(weight: torch.Tensor) -> bool:
 
 
 SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # layers a decoder calls on one input
+_PACKS = weakref.WeakSet()  # every packed weight's owner (a PackedLinear alone or its Siblings), for refresh()
 
 
 class PackedLinear(torch.nn.Linear):
@@ -58,14 +63,16 @@ class PackedLinear(torch.nn.Linear):
     def repack(self) -> None:
         self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), None)
         self.packed_from = _sources(self)
+        _PACKS.add(self)
+
+    def stale(self) -> bool:
+        return not _current(self.packed_from, self)
 
     def forward(self, x):
         if not PackedLinear.active or torch.is_grad_enabled():
             return F.linear(x, self.weight, self.bias)
         if self.siblings is not None:
             return self.siblings.output(self, x)
-        if not _current(self.packed_from, self):
-            self.repack()
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
 
 
@@ -91,7 +98,7 @@ class Siblings:
 
     def __init__(self, layers: list[PackedLinear]):
         self.layers, self.sizes = layers, [layer.out_features for layer in layers]
-        self.input, self.parts = None, {}  # an input and the parts of its product no layer has taken yet
+        # self.input, self.parts: an input and the parts of its product no layer has taken yet (set by repack)
         for layer in layers:
             layer.siblings = self
         self.repack()
@@ -101,12 +108,14 @@ class Siblings:
         self.bias = None if self.layers[0].bias is None else torch.cat([layer.bias.detach() for layer in self.layers])
         self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight, None)
         self.packed_from = {layer: _sources(layer) for layer in self.layers}
+        self.input, self.parts = None, {}  # parts of the old weight's product are stale too
+        _PACKS.add(self)
+
+    def stale(self) -> bool:
+        return not all(_current(self.packed_from[layer], layer) for layer in self.layers)
 
     def output(self, layer: PackedLinear, x: torch.Tensor) -> torch.Tensor:
-        # A held part is served if its own layer is unchanged; a new product first checks every layer.
-        if x is not self.input or layer not in self.parts or not _current(self.packed_from[layer], layer):
-            if not all(_current(self.packed_from[sibling], sibling) for sibling in self.layers):
-                self.repack()
+        if x is not self.input or layer not in self.parts:
             product = torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
             self.input, self.parts = x, dict(zip(self.layers, product.split(self.sizes, -1)))
         part = self.parts.pop(layer)
@@ -182,9 +191,19 @@ def linear_over(weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch
     return layer
 
 
+def refresh() -> None:
+    """Repack every packed weight whose layers changed (in place or replaced) since it was packed."""
+    for owner in list(_PACKS):
+        if owner.stale():
+            owner.repack()
+
+
 @contextmanager
 def packed(enabled: bool = True):
-    """Run PackedLinear layers on their packed weights in this block."""
+    """Run PackedLinear layers on their packed weights in this block, each weight first checked against its
+    layers (`refresh`); no weight may change inside the block."""
+    if enabled:
+        refresh()
     previous, PackedLinear.active = PackedLinear.active, enabled
     try:
         yield

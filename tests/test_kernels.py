@@ -94,9 +94,11 @@ def test_sibling_layers_packed_together_give_the_stock_outputs_bit_for_bit(rows,
         assert siblings.input is None  # each layer took its part: nothing held
         assert all(torch.equal(a, b) for a, b in zip(made, stock))
         assert torch.equal(module.v_proj(x), stock[2])  # one layer alone on an input
-        with torch.no_grad():
-            module.k_proj.weight.mul_(-2.0)  # an optimizer step, say: the shared weight is repacked
+    with torch.no_grad():
+        module.k_proj.weight.mul_(-2.0)  # an optimizer step, say: the shared weight is repacked
+    with torch.inference_mode(), kernels.packed():
         assert torch.equal(module.k_proj(x), F.linear(x, module.k_proj.weight, module.k_proj.bias))
+        assert torch.equal(module.q_proj(x), stock[0])
 
 
 @needs_packing
