@@ -26,9 +26,9 @@ separate product's, bit for bit (tests/test_kernels.py).
 
 A packed weight is redone when its tensor changes in place (an optimizer
 step) or is replaced, so a head still in training never runs on stale weights:
-`packed()` checks every packed layer once on entry (a quarter of a millisecond
-for the embedded default and its head), and inside the block the layers trust
-their packed weights - change no weight inside a `packed()` block.
+`packed()` checks every packed layer once on entry rather than on every
+product, and inside the block the layers trust their packed weights - change
+no weight inside a `packed()` block.
 """
 
 from __future__ import annotations
