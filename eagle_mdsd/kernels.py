@@ -62,11 +62,11 @@ class PackedLinear(torch.nn.Linear):
 
     def repack(self) -> None:
         self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), None)
-        self.packed_from = _sources(self)
+        self.packed_from = _sources([self])
         _PACKS.add(self)
 
     def stale(self) -> bool:
-        return not _current(self.packed_from, self)
+        return not _current(self.packed_from, [self])
 
     def forward(self, x):
         if not PackedLinear.active or torch.is_grad_enabled():
@@ -76,19 +76,19 @@ class PackedLinear(torch.nn.Linear):
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
 
 
-def _parameters(layer) -> list[torch.Tensor]:
-    return [layer.weight] if layer.bias is None else [layer.weight, layer.bias]
+def _parameters(layers) -> list[torch.Tensor]:
+    return [tensor for layer in layers for tensor in (layer.weight, layer.bias) if tensor is not None]
 
 
-def _sources(layer) -> list:
-    """What a packed weight is made from: the layer's weight and bias, each with its in-place version."""
-    return [(tensor, tensor._version) for tensor in _parameters(layer)]
+def _sources(layers) -> list:
+    """What a packed weight is made from: the layers' weights and biases, each with its in-place version."""
+    return [(tensor, tensor._version) for tensor in _parameters(layers)]
 
 
-def _current(sources, layer) -> bool:
-    """Whether the layer's weight and bias are neither replaced nor changed in place (an optimizer step) since
+def _current(sources, layers) -> bool:
+    """Whether no weight or bias of the layers has been replaced or changed in place (an optimizer step) since
     `sources` were taken."""
-    now = _parameters(layer)
+    now = _parameters(layers)
     return len(now) == len(sources) and all(tensor is new and version == new._version
                                             for (tensor, version), new in zip(sources, now))
 
@@ -107,12 +107,12 @@ class Siblings:
         weight = torch.cat([layer.weight.detach() for layer in self.layers])
         self.bias = None if self.layers[0].bias is None else torch.cat([layer.bias.detach() for layer in self.layers])
         self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight, None)
-        self.packed_from = {layer: _sources(layer) for layer in self.layers}
+        self.packed_from = _sources(self.layers)
         self.input, self.parts = None, {}  # parts of the old weight's product are stale too
         _PACKS.add(self)
 
     def stale(self) -> bool:
-        return not all(_current(self.packed_from[layer], layer) for layer in self.layers)
+        return not _current(self.packed_from, self.layers)
 
     def output(self, layer: PackedLinear, x: torch.Tensor) -> torch.Tensor:
         if x is not self.input or layer not in self.parts:
