@@ -333,7 +333,7 @@ def cmd_sweep(args) -> None:
 def _add_tree_options(parser) -> None:
     parser.add_argument("--tree", default="eagle_default",
                         help="tree name (tree_configs/), chainN, a .json file, or a dynamic tree: eagle2, opt_tree; "
-                             "+lookup or +lookupN after any of them adds prompt-lookup drafts (T = 0 only)")
+                             "+lookup or +lookupN after any of them adds prompt-lookup drafts")
     parser.add_argument("--drafter", default="topk", help="drafting scheme (eagle-mdsd pairs lists them)")
     parser.add_argument("--verifier", default="topk", help="verifier (eagle-mdsd pairs lists them)")
     parser.add_argument("--draft-vocab", type=_draft_vocab, default="auto", help=DRAFT_VOCAB_HELP)
@@ -483,7 +483,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "and chain2, the fastest at T = 0 on a 2-core CPU; dynamic ones with options, "
                                    "and optionally the tree's own drafter/verifier pair, e.g. eagle_default "
                                    "eagle2:total_tokens=16,depth=5,top_k=4@greedy/greedy; TREE+lookup adds "
-                                   "prompt-lookup drafts and runs at T = 0 only)")
+                                   "prompt-lookup drafts, on the sampling tree at T > 0 for a static TREE)")
     suite_parser.add_argument("--drafter", default="topk")
     suite_parser.add_argument("--verifier", default="topk")
     suite_parser.add_argument("--sampling-pair", default="without_replacement/rrs_wo",

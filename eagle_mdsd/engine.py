@@ -18,7 +18,7 @@ last cycle are pending.  One cycle:
 5. the accepted nodes' KV entries are moved next to the root in place
    (both caches are preallocated), and the bonus becomes the next root.
 
-A lookup tree (lookup.py, T = 0) grafts prompt-lookup tokens onto the tree
+A lookup tree (lookup.py) grafts prompt-lookup tokens onto the tree
 after step 2; its copy cycles skip steps 1-2 and check the lookup chain
 alone, leaving their pairs pending.
 
@@ -202,7 +202,7 @@ class Decoder:
                  kernels_choice: str = "auto"):
         """draft_vocab: draft over the head's N most frequent tokens only (q is 0 elsewhere; still exact);
         'auto': AUTO_DRAFT_VOCAB of them when the head ships its token ranking, else the full vocabulary.
-        A lookup.LookupTree drafts its base tree and grafts prompt-lookup tokens on (temperature 0 only).
+        A lookup.LookupTree drafts its base tree and grafts prompt-lookup tokens on.
         kernels_choice: 'auto' runs the target's and head's linear layers on prepacked bf16 weights where
         kernels.available (the layers are switched in place, stock outside this decoder), 'stock' never."""
         self.lookup_tokens = tree.tokens if isinstance(tree, lookup.LookupTree) else 0
@@ -270,9 +270,6 @@ class Decoder:
             raise ValueError(f"unknown method {method!r}: use eagle or baseline")
         if method == "eagle" and (self.head is None or self.tree is None):
             raise ValueError("method eagle needs a draft head and a tree")
-        if method == "eagle" and self.lookup_tokens and temperature > 0:
-            raise ValueError(f"prompt-lookup drafts have no draft distribution: a {lookup.SUFFIX} tree needs "
-                             f"temperature 0, got {temperature}; drop {lookup.SUFFIX} from the tree to sample")
         device = self.lm_head.weight.device
         prompt = torch.as_tensor(prompt_ids, dtype=torch.long, device=device).reshape(-1)
         tree_depth = self.tree.max_depth + self.lookup_tokens if method == "eagle" else 0
@@ -424,7 +421,7 @@ class Decoder:
         self.timer.start()
         proposal = lookup.continuation(self.context, self.lookup_tokens) if self.lookup_tokens else []
         if self.copying and proposal:
-            return self._copy_cycle(length, root, pending, proposal)
+            return self._copy_cycle(length, root, pending, proposal, temperature, generator)
         # 1. the head catches up on the pairs with true features; its last output is the root's.
         features, tokens = pending
         committed = self.head_cache.layers[0].length
@@ -444,8 +441,9 @@ class Decoder:
             node_tokens, draft_q = self._draft_static(length, root, root_prediction, committed, temperature,
                                                       generator)
             node_drafts = {}
+        drafted, branch = tree.size, {}  # nodes 1..drafted hold head drafts; branch: node -> its lookup child
         if proposal:
-            tree, node_tokens = lookup.graft(tree, node_tokens, proposal)
+            tree, node_tokens, branch = lookup.graft(tree, node_tokens, proposal)
             tree_depth, tree_visible = self._buffers(tree)
         keep(self.head_cache, committed, node_tokens[:0])
         self.timer.lap("draft")
@@ -461,17 +459,16 @@ class Decoder:
         greedy = temperature == 0
         node, accepted = 0, []
         while True:
-            p = None if greedy else warp(logits[node], temperature)
             kids = tree.children[node]
-            if not kids:
-                bonus = first_argmax(logits[node]) if greedy else self._sample(p, generator)
-                break
-            drafts = node_tokens[list(kids)]
             if greedy:
                 output = first_argmax(logits[node])
-            else:  # a dynamic tree's verifier sees the node's whole draft tuple, pruned drafts included
-                q = self.vocabulary_q(*draft_q[node])
-                output = self.verifier.sample(p, q, node_drafts.get(node, drafts), generator)
+            else:
+                output = self._verify_node(warp(logits[node], temperature), node_tokens, node, draft_q, node_drafts,
+                                           [kid for kid in kids if kid <= drafted], branch.get(node), generator)
+            if not kids:
+                bonus = output
+                break
+            drafts = node_tokens[list(kids)]
             match = (drafts == output).nonzero()
             self.accepted_ranks.append(int(match[0]) if len(match) else -1)
             if len(match) == 0:
@@ -493,8 +490,22 @@ class Decoder:
         self.timer.lap("commit")
         return emitted, pending
 
-    def _copy_cycle(self, length, root, pending, proposal):
-        """A cycle of prompt-lookup drafts only (temperature 0), while the answer copies a span.
+    def _verify_node(self, p, node_tokens, node, draft_q, node_drafts, head_kids, lookup_kid, generator) -> int:
+        """The output token at a node at T > 0, distributed as p: the lookup draft first, with probability
+        p(its token), then the verifier on the head drafts against the rest of p (lookup.py)."""
+        if lookup_kid is not None:
+            sampled, token = self._sample(p, generator), int(node_tokens[lookup_kid])
+            if sampled == token or not head_kids:
+                return sampled  # a sample of p; when it is not the lookup token, a sample of p without it
+            p = lookup.without(p, token)
+        if not head_kids:
+            return self._sample(p, generator)
+        # a dynamic tree's verifier sees the node's whole draft tuple, pruned drafts included
+        drafts = node_drafts.get(node, node_tokens[head_kids])
+        return self.verifier.sample(p, self.vocabulary_q(*draft_q[node]), drafts, generator)
+
+    def _copy_cycle(self, length, root, pending, proposal, temperature, generator):
+        """A cycle of prompt-lookup drafts only, while the answer copies a span.
 
         The head is not run: this cycle's pairs join the pending ones and it catches up on all of them
         at the next full cycle.  Back to full cycles once fewer than lookup.COPY_MIN drafts agree.
@@ -508,9 +519,17 @@ class Decoder:
         self.timer.lap("draft")
         features = self._target(node_tokens, torch.arange(length, length + n + 1, device=device), visible)
         self.timer.lap("target")
-        best = first_argmax(self.lm_head(features))
-        accepted = lookup.agreement(best, proposal)
-        emitted = proposal[:accepted] + [best[accepted]]
+        logits = self.lm_head(features)
+        if temperature == 0:
+            outputs = first_argmax(logits)
+        else:  # each node's output is a sample of its p (lookup.py); the walk stops at the first miss
+            outputs = []
+            for j in range(n + 1):
+                outputs.append(self._sample(warp(logits[j], temperature), generator))
+                if j == n or outputs[j] != proposal[j]:
+                    break
+        accepted = lookup.agreement(outputs, proposal)
+        emitted = proposal[:accepted] + [outputs[accepted]]
         self.timer.lap("verify")
         eos = next((i for i, token in enumerate(emitted[:-1]) if token in self.eos), None)
         if eos is not None:

@@ -1,4 +1,4 @@
-"""Prompt-lookup drafts grafted onto the head's tree, at temperature 0.
+"""Prompt-lookup drafts grafted onto the head's tree.
 
 `TREE+lookup` (or `TREE+lookupN`) is TREE (static or dynamic) with one more
 branch per cycle: find the first earlier occurrence of the context's last
@@ -6,10 +6,17 @@ two tokens (else of its last token), as transformers' prompt lookup does, and
 propose the up to N (default 10) tokens that followed it.  The proposal joins
 the drafted tree as a trie: it walks down the drafted children while its
 tokens agree with theirs and hangs the rest below as a chain, so no token is
-checked twice.  The walk then takes the target's argmax at every node and
+checked twice.  At T = 0 the walk takes the target's argmax at every node and
 goes on while a child holds it: any tree reproduces greedy decoding that way.
-Lookup drafts come with no draft distribution, so temperatures above 0 are
-refused rather than verified approximately.
+
+At T > 0 a lookup draft is a draft whose distribution is one point (q = 1 on
+the token): at a node on the lookup branch the engine first samples y from p
+and takes the lookup child if y is its token (probability p(l)); otherwise
+the node's head drafts are verified as usual against p without l,
+renormalised - or y itself is the output when the node has no head drafts.
+The output is l with probability p(l) and any other token t with
+(1 - p(l)) p(t) / (1 - p(l)) = p(t): exact for every lossless verifier, as
+tests/test_lookup.py checks statistically on a tiny target.
 
 While the answer copies a span (a cycle accepted COPY_MIN or more lookup
 drafts), the next cycle is a copy cycle: the target checks the lookup chain
@@ -24,6 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import drafting
 from .tree import Tree
 
 SUFFIX = "+lookup"
@@ -83,17 +91,25 @@ def agreement(tokens: list[int], proposal: list[int]) -> int:
     return count
 
 
-def graft(tree: Tree, node_tokens: torch.Tensor, proposal: list[int]) -> tuple[Tree, torch.Tensor]:
-    """`tree` with `proposal` (tokens after the root) added as a trie branch; new nodes go last."""
+def without(p: torch.Tensor, token: int) -> torch.Tensor:
+    """p [V] without `token`, renormalised: what a node's head drafts are verified against at T > 0 once its
+    lookup draft is rejected."""
+    return drafting.exclude(p, torch.arange(p.shape[-1], device=p.device) == token)
+
+
+def graft(tree: Tree, node_tokens: torch.Tensor, proposal: list[int]) -> tuple[Tree, torch.Tensor, dict[int, int]]:
+    """`tree` with `proposal` (tokens after the root) added as a trie branch (new nodes go last), its tokens,
+    and the branch as {node: its child that holds the next proposal token}."""
     tokens = node_tokens.tolist()
-    node, rest = 0, list(proposal)
+    node, rest, branch = 0, list(proposal), {}
     while rest:
         child = next((c for c in tree.children[node] if tokens[c] == rest[0]), None)
         if child is None:
             break
+        branch[node] = child
         node, rest = child, rest[1:]
     if not rest:
-        return tree, node_tokens
+        return tree, node_tokens, branch
     parent, depth, paths = list(tree.parent), list(tree.depth), list(tree.paths)
     children = [list(kids) for kids in tree.children]
     first = len(parent)
@@ -104,6 +120,7 @@ def graft(tree: Tree, node_tokens: torch.Tensor, proposal: list[int]) -> tuple[T
         depth.append(depth[node] + 1)
         children[node].append(new)
         children.append([])
+        branch[node] = new
         node = new
     ancestors = torch.zeros(len(parent), len(parent), dtype=torch.bool)
     ancestors[:first, :first] = tree.ancestors.cpu()
@@ -112,4 +129,4 @@ def graft(tree: Tree, node_tokens: torch.Tensor, proposal: list[int]) -> tuple[T
         ancestors[new, new] = True
     grafted = Tree(tree.name, tuple(paths), tuple(parent), tuple(depth), tuple(tuple(c) for c in children),
                    ancestors)
-    return grafted, torch.cat([node_tokens, node_tokens.new_tensor(rest)])
+    return grafted, torch.cat([node_tokens, node_tokens.new_tensor(rest)]), branch

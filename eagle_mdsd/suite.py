@@ -95,7 +95,7 @@ def benchmark_setups(trees, drafter: str, verifier: str, sampled: tuple[str, str
     """{at T > 0: (label, topology, drafter, verifier)} per --trees entry: a tree's own pair (TREE@D/V) at
     every temperature; otherwise drafter/verifier at T = 0 and, on a static tree, `sampled` at T > 0 - on
     `sampling_tree` instead of the entry's tree unless that is 'same' (so at T > 0 the static entries share one
-    run on it; a dynamic tree grows its children with topk or greedy drafts, so it keeps its tree and
+    run on it, and those with prompt-lookup drafts one on `sampling_tree`+lookupN; a dynamic tree grows its children with topk or greedy drafts, so it keeps its tree and
     drafter/verifier)."""
     setups = []
     for entry in trees:
@@ -106,11 +106,14 @@ def benchmark_setups(trees, drafter: str, verifier: str, sampled: tuple[str, str
         label = tree_label(topology) + own
         own_run = (label, topology, own_drafter, own_verifier)
         setup = {False: own_run, True: own_run}
-        if not own and isinstance(topology, Tree):
+        grafted = topology.tokens if isinstance(topology, lookup.LookupTree) else 0
+        if not own and isinstance(topology.base if grafted else topology, Tree):
             sampled_topology = topology if sampling_tree == "same" else dynamic.load(sampling_tree)
-            if not isinstance(sampled_topology, Tree):
+            if not isinstance(sampled_topology, Tree) and sampling_tree != "same":
                 raise ValueError(f"--sampling-tree {sampling_tree}: give a static tree (a name, chainN or a "
                                  f"file), or 'same'")
+            if grafted and sampling_tree != "same":  # TREE+lookupN samples on SAMPLING_TREE+lookupN
+                sampled_topology = lookup.LookupTree(sampled_topology, grafted)
             check_fits(sampled_topology, *sampled)
             setup[True] = (tree_label(sampled_topology), sampled_topology, *sampled)
         setups.append(setup)
@@ -263,8 +266,7 @@ def run_benchmark(out: Path, answers: Path, bench_name: str = "mt_bench", count:
         **({} if sampling_tree == "same" else {"sampling_tree": sampling_tree})})  # older runs recorded none
     files = {(t, label): Path(answers) / name / _file_safe(
         f"{bench_name}-{models.EMBEDDED_NAME}-{label}-{_temperature_tag(t)}.jsonl")
-        for t in temperatures for sampled, label in runners
-        if sampled == (t > 0) and (t == 0 or lookup.SUFFIX not in label)}  # lookup: T = 0 only
+        for t in temperatures for sampled, label in runners if sampled == (t > 0)}
     timed_on = timing_machine(Path(answers) / name, files.values(), chosen)
     warm = models.chat_prompt_ids(tokenizer, "Hello!")
     for t, label in files:  # one-off costs (allocations, kernels)
@@ -364,8 +366,6 @@ def sweep(out: Path, answers: Path, trees=("chain4", "binary_depth4", "quad_dept
     for t in temperatures:
         for tree_name, topology in topologies.items():
             for drafter, verifier in pairs:
-                if t > 0 and isinstance(topology, lookup.LookupTree):
-                    continue  # lookup drafts: temperature 0 only
                 try:
                     check_fits(topology, drafter, verifier)
                 except ValueError:
@@ -403,9 +403,10 @@ def sweep(out: Path, answers: Path, trees=("chain4", "binary_depth4", "quad_dept
 def sweep_markdown(result: dict, name: str) -> str:
     m = result["machine"]
     temperatures = sorted({r["temperature"] for r in result["rows"]})
+    turns = f"first {result['turns']} turn(s)" if result["turns"] else "all turns"
     lines = [f"# {name}", "", f"Machine: {m['cpu']}, {m['threads']} torch threads, torch {m['torch']}, "
              f"{result['dtype']}. Questions: {result['bench']} {', '.join(map(str, result['questions']))}, "
-             f"first {result['turns'] or 'all'} turn(s), at most {result['max_new_tokens']} new tokens, draft vocabulary "
+             f"{turns}, at most {result['max_new_tokens']} new tokens, draft vocabulary "
              f"{result.get('draft_vocab') or 'full'}, {result.get('kernels', 'stock')} kernels. "
              "Cells: tau (tokens/s).", "",
              "| tree | drafter | verifier | " + " | ".join(f"T={t:g}" for t in temperatures) + " |",

@@ -270,11 +270,12 @@ def test_eagle_with_lookup_drafts_is_reported_but_not_counted_for_the_goals():
 
 def test_static_trees_share_one_run_on_the_sampling_tree_at_t_above_0(tmp_path):
     result = suite.run_benchmark(tmp_path / "results", tmp_path / "answers", count=1, temperatures=(0.0, 1.0),
-                                 methods=("eagle",), max_new_tokens=4, trees=("eagle_default", "chain2"),
-                                 name="shared")
+                                 methods=("eagle",), max_new_tokens=4,
+                                 trees=("eagle_default", "chain2", "eagle_default+lookup3"), name="shared")
     labels = {tag: [e["label"] for e in block["entries"]] for tag, block in result["temperatures"].items()}
-    assert labels == {"t0": ["eagle[eagle_default]", "eagle[chain2]"], "t1": ["eagle[chain2]"]}
-    assert len(list((tmp_path / "answers" / "shared").glob("*.jsonl"))) == 3
+    assert labels == {"t0": ["eagle[eagle_default]", "eagle[chain2]", "eagle[eagle_default+lookup3]"],
+                      "t1": ["eagle[chain2]", "eagle[chain2+lookup3]"]}
+    assert len(list((tmp_path / "answers" / "shared").glob("*.jsonl"))) == 5
 
 
 def test_a_benchmark_resumes_only_answers_made_with_the_same_settings(tmp_path):
@@ -329,6 +330,12 @@ def test_the_benchmark_samples_static_trees_with_the_sampling_pair_at_t_above_0(
     shared = suite.benchmark_setups(["eagle_default", "chain4"], "topk", "topk", ("greedy", "greedy"), "chain2")
     assert [setup[False][0] for setup in shared] == ["eagle_default", "chain4"]
     assert [setup[True][0] for setup in shared] == ["chain2", "chain2"]  # at T > 0 one run on the sampling tree
+    grafted = ["eagle_default+lookup", "chain4+lookup4", "eagle2:total_tokens=10,depth=3,top_k=3+lookup"]
+    for sampling_tree, static_labels in (("same", ["eagle_default+lookup10", "chain4+lookup4"]),
+                                         ("chain2", ["chain2+lookup10", "chain2+lookup4"])):
+        setups = suite.benchmark_setups(grafted, "topk", "topk", ("without_replacement", "rrs_wo"), sampling_tree)
+        assert [setup[True][0] for setup in setups[:2]] == static_labels  # the lookup drafts go along
+        assert [setup[True][2:] for setup in setups] == [("without_replacement", "rrs_wo")] * 2 + [("topk", "topk")]
     with pytest.raises(ValueError, match="--sampling-tree eagle2: give a static tree"):
         suite.benchmark_setups(["eagle_default"], "topk", "topk", ("greedy", "greedy"), "eagle2")
     assert suite.parse_sampling_pair("same", "topk", "topk") == ("topk", "topk")

@@ -1,4 +1,4 @@
-"""Prompt-lookup drafts grafted onto the head's tree: the search, the trie graft, greedy output."""
+"""Prompt-lookup drafts grafted onto the head's tree: the search, the trie graft, greedy output, exact sampling."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from eagle_mdsd import dynamic, engine, head, lookup, tree
-from test_engine import PROMPT, TREES
+from test_engine import P_VALUE, PROMPT, TREES, chi_square_p_value, empirical_first_three, exact_first_three
 from tiny import tiny_target
 
 
@@ -29,15 +29,15 @@ def test_the_continuation_follows_the_first_earlier_match_of_the_last_two_tokens
 def test_the_graft_shares_drafted_prefixes_and_hangs_the_rest_as_a_chain():
     wide = tree.compile_tree(TREES["wide"])  # root -> 1, 2, 3; 1 -> 4, 5; 2 -> 6
     tokens = torch.tensor([9, 10, 11, 12, 20, 21, 22])
-    grafted, new_tokens = lookup.graft(wide, tokens, [10, 21, 30, 31])
-    assert new_tokens.tolist() == tokens.tolist() + [30, 31]
+    grafted, new_tokens, branch = lookup.graft(wide, tokens, [10, 21, 30, 31])
+    assert new_tokens.tolist() == tokens.tolist() + [30, 31] and branch == {0: 1, 1: 5, 5: 7, 7: 8}
     assert grafted.parent[7:] == (5, 7) and grafted.depth[7:] == (3, 4) and grafted.children[5] == (7,)
     assert grafted.ancestors[8].nonzero().flatten().tolist() == [0, 1, 5, 7, 8]
     assert grafted.ancestors[:7, :7].equal(wide.ancestors) and not grafted.ancestors[:7, 7:].any()
-    same, same_tokens = lookup.graft(wide, tokens, [10, 21])  # all drafted already
-    assert same is wide and same_tokens is tokens
-    fresh, _ = lookup.graft(wide, tokens, [40])
-    assert fresh.children[0] == (1, 2, 3, 7) and fresh.paths[-1] == (3,)
+    same, same_tokens, branch = lookup.graft(wide, tokens, [10, 21])  # all drafted already
+    assert same is wide and same_tokens is tokens and branch == {0: 1, 1: 5}
+    fresh, _, branch = lookup.graft(wide, tokens, [40])
+    assert fresh.children[0] == (1, 2, 3, 7) and fresh.paths[-1] == (3,) and branch == {0: 7}
 
 
 @pytest.mark.parametrize("spec", ["wide", "eagle2:total_tokens=7,depth=3,top_k=2"])
@@ -52,17 +52,48 @@ def test_lookup_trees_are_greedy_and_accept_the_repeats(tiny, spec):
     assert max(with_lookup.accept_lengths) == 7 and with_lookup.cycles < alone.cycles / 2
 
 
-def test_lookup_trees_load_by_name_and_refuse_sampling(tiny):
-    target, draft_head = tiny
+def test_lookup_trees_load_by_name():
     loaded = dynamic.load("eagle_default+lookup")
     assert isinstance(loaded, lookup.LookupTree) and loaded.tokens == 10 and loaded.label == "eagle_default+lookup10"
     assert dynamic.load("eagle2:depth=3+lookup4").base.max_depth == 3
     for bad in ("eagle_default+lookup0", "+lookup", "eagle_default+lookupx"):
         with pytest.raises(ValueError, match=r"write TREE\+lookup or TREE\+lookupN"):
             dynamic.load(bad)
-    decoder = engine.Decoder(target, draft_head, lookup.LookupTree(tree.compile_tree(TREES["wide"])))
-    with pytest.raises(ValueError, match="needs temperature 0"):
-        decoder.generate(PROMPT, 4, 1.0)
+
+
+# The prompt holds every token of the 4-token vocabulary, so every cycle has a lookup proposal; with the wide
+# tree some proposals share drafted children and some hang below them or the root.
+SAMPLED = [("without_replacement", "rrs_wo", "wide"), ("with_replacement", "kseq", "wide"),
+           ("greedy", "greedy", "wide"), ("without_replacement", "rrs_wo", "chain1"),
+           ("topk", "topk", "eagle2:total_tokens=5,depth=2,top_k=2")]
+
+
+@pytest.mark.parametrize("scheme, verifier, spec", SAMPLED, ids=["-".join(c) for c in SAMPLED])
+def test_sampling_with_lookup_drafts_follows_the_target_exactly(tiny, scheme, verifier, spec):
+    target, draft_head = tiny
+    base = tree.compile_tree(TREES[spec]) if spec in TREES else dynamic.load(spec)
+    decoder = engine.Decoder(target, draft_head, lookup.LookupTree(base, 3), scheme, verifier)
+    assert chi_square_p_value(empirical_first_three(decoder, 1.0), exact_first_three(target, 1.0)) > P_VALUE
+
+
+def test_sampled_copy_cycles_follow_the_target_exactly(tiny, monkeypatch):
+    # every cycle after the first full one is a copy cycle (lookup drafts alone)
+    monkeypatch.setattr(lookup, "COPY_MIN", 0)
+    target, draft_head = tiny
+    decoder = engine.Decoder(target, draft_head, lookup.LookupTree(tree.compile_tree(TREES["wide"]), 3))
+    counts = empirical_first_three(decoder, 1.0)
+    assert decoder.copy_cycles > 0
+    assert chi_square_p_value(counts, exact_first_three(target, 1.0)) > P_VALUE
+
+
+def test_a_lookup_verifier_that_ignores_the_head_drafts_residual_is_caught(tiny, monkeypatch):
+    # The check above can fail: verifying the head drafts against p instead of p without the lookup token
+    # gives that token p(l) + (1 - p(l)) p(l) and the test sees it.
+    target, draft_head = tiny
+    monkeypatch.setattr(lookup, "without", lambda p, token: p)
+    decoder = engine.Decoder(target, draft_head, lookup.LookupTree(tree.compile_tree(TREES["wide"]), 3),
+                             "without_replacement", "rrs_wo")
+    assert chi_square_p_value(empirical_first_three(decoder, 1.0), exact_first_three(target, 1.0)) < P_VALUE
 
 
 def test_copy_cycles_leave_the_head_to_catch_up_on_every_pair_once(tiny, monkeypatch):
