@@ -441,9 +441,9 @@ class Decoder:
             node_tokens, draft_q = self._draft_static(length, root, root_prediction, committed, temperature,
                                                       generator)
             node_drafts = {}
-        drafted = tree.size  # nodes 1..drafted hold the head's drafts, any after them lookup drafts
+        drafted, branch = tree.size, {}  # nodes 1..drafted hold head drafts; branch: node -> its lookup child
         if proposal:
-            tree, node_tokens, _ = lookup.graft(tree, node_tokens, proposal)
+            tree, node_tokens, branch = lookup.graft(tree, node_tokens, proposal)
             tree_depth, tree_visible = self._buffers(tree)
         keep(self.head_cache, committed, node_tokens[:0])
         self.timer.lap("draft")
@@ -463,8 +463,8 @@ class Decoder:
             if greedy:
                 output = first_argmax(logits[node])
             else:
-                output = self._verify_node(warp(logits[node], temperature), tree, node, node_tokens, drafted, draft_q,
-                                           node_drafts, generator)
+                output = self._verify_node(warp(logits[node], temperature), node_tokens, node, draft_q, node_drafts,
+                                           [kid for kid in kids if kid <= drafted], branch.get(node), generator)
             if not kids:
                 bonus = output
                 break
@@ -490,10 +490,14 @@ class Decoder:
         self.timer.lap("commit")
         return emitted, pending
 
-    def _verify_node(self, p, tree, node, node_tokens, drafted, draft_q, node_drafts, generator) -> int:
-        """The output token at a node at T > 0, distributed as p: the verifier's on the node's head drafts (nodes
-        1..drafted), or a sample of p where it has none; the walk enters whichever child holds it."""
-        head_kids = [kid for kid in tree.children[node] if kid <= drafted]
+    def _verify_node(self, p, node_tokens, node, draft_q, node_drafts, head_kids, lookup_kid, generator) -> int:
+        """The output token at a node at T > 0, distributed as p: the lookup draft first, with probability
+        p(its token), then the verifier on the head drafts against the rest of p (lookup.py)."""
+        if lookup_kid is not None:
+            sampled, token = self._sample(p, generator), int(node_tokens[lookup_kid])
+            if sampled == token or not head_kids:
+                return sampled  # a sample of p; when it is not the lookup token, a sample of p without it
+            p = lookup.without(p, token)
         if not head_kids:
             return self._sample(p, generator)
         # a dynamic tree's verifier sees the node's whole draft tuple, pruned drafts included

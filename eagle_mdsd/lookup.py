@@ -16,7 +16,15 @@ the node's head drafts are verified as usual against p without l,
 renormalised - or y itself is the output when the node has no head drafts.
 The output is l with probability p(l) and any other token t with
 (1 - p(l)) p(t) / (1 - p(l)) = p(t): exact for every lossless verifier, as
-tests/test_lookup.py checks statistically on a tiny target.
+tests/test_lookup.py checks statistically on a tiny target.  The other order
+(the verifier on the head drafts against p, then the walk into whichever child
+holds its output, the lookup child too) is exact as well and accepts some
+draft at a node at least as often (one draft x ~ q under rejection sampling:
+sum_t min(p(t), q(t)) + (p(l) - q(l))_+ against p(l) + sum_{t != l}
+min(p(t), (1 - p(l)) q(t))), but it enters the lookup branch, usually the
+deeper one, less often: on 16 MT-Bench questions at T = 1 it gave tau 1.71
+against 1.77 on chain2+lookup4 and 1.81 against 1.85 on chain3+lookup4
+(evaluation/results/lookup_t1_verifier_first_2026-11-25_bfloat16.md).
 
 While the answer copies a span (a cycle accepted COPY_MIN or more lookup
 drafts), the next cycle is a copy cycle: the target checks the lookup chain
