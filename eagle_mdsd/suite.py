@@ -95,8 +95,8 @@ def benchmark_setups(trees, drafter: str, verifier: str, sampled: tuple[str, str
     """{at T > 0: (label, topology, drafter, verifier)} per --trees entry: a tree's own pair (TREE@D/V) at
     every temperature; otherwise drafter/verifier at T = 0 and, on a static tree, `sampled` at T > 0 - on
     `sampling_tree` instead of the entry's tree unless that is 'same' (so at T > 0 the static entries share one
-    run on it, and those with prompt-lookup drafts one on `sampling_tree`+lookupN; a dynamic tree grows its children with topk or greedy drafts, so it keeps its tree and
-    drafter/verifier)."""
+    run on it, and those with prompt-lookup drafts one on `sampling_tree`+lookupN; a dynamic tree grows its
+    children with topk or greedy drafts, so it keeps its tree and drafter/verifier)."""
     setups = []
     for entry in trees:
         spec, own_drafter, own_verifier = tree_and_pair(entry, drafter, verifier)
@@ -108,12 +108,14 @@ def benchmark_setups(trees, drafter: str, verifier: str, sampled: tuple[str, str
         setup = {False: own_run, True: own_run}
         grafted = topology.tokens if isinstance(topology, lookup.LookupTree) else 0
         if not own and isinstance(topology.base if grafted else topology, Tree):
-            sampled_topology = topology if sampling_tree == "same" else dynamic.load(sampling_tree)
-            if not isinstance(sampled_topology, Tree) and sampling_tree != "same":
-                raise ValueError(f"--sampling-tree {sampling_tree}: give a static tree (a name, chainN or a "
-                                 f"file), or 'same'")
-            if grafted and sampling_tree != "same":  # TREE+lookupN samples on SAMPLING_TREE+lookupN
-                sampled_topology = lookup.LookupTree(sampled_topology, grafted)
+            sampled_topology = topology
+            if sampling_tree != "same":
+                sampled_topology = dynamic.load(sampling_tree)
+                if not isinstance(sampled_topology, Tree):
+                    raise ValueError(f"--sampling-tree {sampling_tree}: give a static tree (a name, chainN or a "
+                                     f"file), or 'same'")
+                if grafted:  # TREE+lookupN samples on SAMPLING_TREE+lookupN
+                    sampled_topology = lookup.LookupTree(sampled_topology, grafted)
             check_fits(sampled_topology, *sampled)
             setup[True] = (tree_label(sampled_topology), sampled_topology, *sampled)
         setups.append(setup)
