@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
-from . import drafting, dynamic, kernels, lookup, verification
+from . import drafting, dynamic, kernels, lookup, models, verification
 from .tree import Tree
 
 
@@ -211,6 +211,7 @@ class Decoder:
         self.scheme, self.verifier = drafting.get(drafter), verification.get(verifier)
         verification.check_pair(self.scheme, self.verifier)
         self.decoder_model = target.get_decoder()
+        self.target_cache_keyword = models.cache_keyword(self.decoder_model)
         self.lm_head = target.get_output_embeddings()
         self.embed = target.get_input_embeddings()
         self.eos = set(int(e) for e in eos_token_ids)
@@ -251,7 +252,7 @@ class Decoder:
         """The target's features (last hidden states after its final norm) [k, H]."""
         out = self.decoder_model(input_ids=tokens[None], position_ids=positions[None],
                                  attention_mask=additive_mask(visible, self.target.dtype),
-                                 past_key_values=self.target_cache, use_cache=True)
+                                 use_cache=True, **{self.target_cache_keyword: self.target_cache})
         return out.last_hidden_state[0]
 
     def _head(self, features, tokens, positions, visible):

@@ -27,6 +27,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .models import cache_keyword
+
 DRAFT_VOCAB_FILE = "draft_vocab.json"
 
 
@@ -44,14 +46,15 @@ class EagleHead(nn.Module):
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, layer_idx=i) for i in range(config.num_hidden_layers))
         self.layers[0].input_layernorm = nn.Identity()  # EAGLE-1: attention runs directly on the fc output
         self.rotary_emb = LlamaRotaryEmbedding(config)
+        self.cache_keyword = cache_keyword(self.layers[0])
 
     def forward(self, features, embeddings, position_ids, attention_mask, cache):
         """Predicted next features [1, k, H] for k (feature, embedded token) pairs."""
         hidden = self.fc(torch.cat([embeddings, features], dim=-1))
         position_embeddings = self.rotary_emb(hidden, position_ids=position_ids)
         for layer in self.layers:
-            hidden = layer(hidden, attention_mask=attention_mask, position_ids=position_ids, past_key_values=cache,
-                           use_cache=True, position_embeddings=position_embeddings)
+            hidden = layer(hidden, attention_mask=attention_mask, position_ids=position_ids, use_cache=True,
+                           position_embeddings=position_embeddings, **{self.cache_keyword: cache})
         return hidden
 
 

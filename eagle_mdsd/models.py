@@ -10,6 +10,7 @@ default ~/.cache/eagle-mdsd) and loaded from there afterwards.
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import os
 import shutil
 import tempfile
@@ -32,6 +33,12 @@ def parse_dtype(name: str) -> torch.dtype:
         return DTYPES[name]
     except KeyError:
         raise ValueError(f"unknown dtype {name!r}: use one of float32, bfloat16, float16") from None
+
+
+def cache_keyword(module) -> str:
+    """The name under which `module.forward` takes the KV cache: `cache` from transformers 5.24 on
+    (`past_key_values` is deprecated there and goes in 5.40), `past_key_values` before."""
+    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
 
 
 def cache_dir() -> Path:
