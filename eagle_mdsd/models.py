@@ -124,12 +124,14 @@ def model_name(spec: str | None) -> str:
     return EMBEDDED_NAME if spec in (None, EMBEDDED) else Path(str(spec)).name or str(spec)
 
 
-def chat_prompt_ids(tokenizer, text: str) -> list[int]:
-    """One user message through the model's chat template (plain text if it has none)."""
+def chat_prompt_ids(tokenizer, text) -> list[int]:
+    """One user message (a string), or a conversation ending with a user message (a list of {"role",
+    "content"}), through the model's chat template (plain text, the turns joined, if it has none)."""
+    messages = [{"role": "user", "content": text}] if isinstance(text, str) else list(text)
     if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                            tokenize=True)
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         if hasattr(ids, "keys"):
             ids = ids["input_ids"]
         return [int(i) for i in ids]
+    text = "\n\n".join(m["content"] for m in messages)
     return tokenizer(text)["input_ids"]

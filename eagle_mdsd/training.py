@@ -56,11 +56,22 @@ def _records(path: Path):
     return data if isinstance(data, list) else data.get("data", [])
 
 
+def _conversation(messages, file) -> list[dict]:
+    roles = [m.get("role") if isinstance(m, dict) else None for m in messages]
+    if (not messages or roles[-1] != "user" or any(r not in ("system", "user", "assistant") for r in roles)
+            or any(not isinstance(m.get("content"), str) for m in messages)):
+        raise ValueError(f"{file}: a 'messages' list must hold {{role, content}} turns (system, user, assistant) "
+                         f"and end with a user turn, got roles {roles}")
+    return [{"role": m["role"], "content": m["content"]} for m in messages]
+
+
 def load_prompts(paths) -> list[dict]:
     """{"prompt", "reference"} from JSON/JSONL files or folders of them.
 
     Understands instruction/input/response (GPTeacher, Alpaca), Alpaca seed
-    tasks (instruction + instances), and plain prompt/text fields.
+    tasks (instruction + instances), plain prompt/text fields, and conversations
+    ("messages": [{"role", "content"}, ...] ending with a user turn, e.g. a request
+    to revise an earlier answer), kept as the list.
     Benchmark questions are removed.
     """
     files = []
@@ -74,6 +85,15 @@ def load_prompts(paths) -> list[dict]:
     for file in files:
         for record in _records(file):
             if not isinstance(record, dict):
+                continue
+            if isinstance(record.get("messages"), list):  # a conversation ending with a user turn
+                prompt = _conversation(record["messages"], file)
+                users = [_normalise(m["content"]) for m in prompt if m["role"] == "user"]
+                key = "\n".join(_normalise(m["content"]) for m in prompt)
+                if any(u in banned for u in users) or key in seen:
+                    continue
+                seen.add(key)
+                prompts.append({"prompt": prompt, "reference": record.get("response") or ""})
                 continue
             instruction = record.get("instruction") or record.get("prompt") or record.get("text") or ""
             extra = record.get("input") or ""

@@ -10,6 +10,7 @@ import torch
 
 from eagle_mdsd import head, questions, training
 
+import evaluation_scripts
 from tiny import tiny_target
 
 
@@ -158,6 +159,46 @@ def test_missing_prompt_file_is_a_clear_error(tmp_path):
         training.load_prompts([tmp_path / "nope.json"])
 
 
+def test_conversation_prompts_load_as_their_turns_and_benchmark_turns_are_dropped(tmp_path):
+    question = questions.load("mt_bench")[0]["turns"][1]
+    turns = [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "Blue."}]
+    file = tmp_path / "conversations.jsonl"
+    file.write_text("".join(json.dumps(r) + "\n" for r in [
+        {"messages": turns + [{"role": "user", "content": "Say it again, in capitals."}]},
+        {"messages": turns + [{"role": "user", "content": question}]},  # a benchmark turn: dropped
+        {"messages": turns + [{"role": "user", "content": "Say it again, in capitals."}]},  # a duplicate
+        {"prompt": "Name a colour."}]))
+    prompts = [p["prompt"] for p in training.load_prompts([file])]
+    assert prompts == [turns + [{"role": "user", "content": "Say it again, in capitals."}], "Name a colour."]
+    file.write_text(json.dumps({"messages": turns}) + "\n")
+    with pytest.raises(ValueError, match="end with a user turn"):
+        training.load_prompts([file])
+
+
+def test_the_copy_prompt_builder_writes_revisions_and_documents(tmp_path):
+    copy_prompts = evaluation_scripts.load("copy_prompts")
+    folder = tmp_path / "train_prompts"
+    folder.mkdir()
+    answer = "A reference answer of more than eighty characters, which the prompts below are built around."
+    (folder / "gpteacher-roleplay-instruct.json").write_text(json.dumps(
+        [{"instruction": f"Play role {i}.", "input": "", "response": answer} for i in range(3)]))
+    (folder / "gpteacher-codegen-instruct.json").write_text(json.dumps(
+        [{"instruction": "Write code.", "input": "", "response": "def f(x):\n    return x + 1  " + answer}]))
+    (folder / "alpaca-seed-tasks.jsonl").write_text(json.dumps(
+        {"instruction": "Explain.", "instances": [{"input": "", "output": "short"}]}) + "\n")
+    prompts = copy_prompts.build(folder, 10, seed=0)
+    assert len(prompts) == 4 and prompts == copy_prompts.build(folder, 10, seed=0)
+    revisions = [p["messages"] for p in prompts if "messages" in p]
+    documents = [p["prompt"] for p in prompts if "prompt" in p]
+    assert len(revisions) == 2 and len(documents) == 2
+    assert all(m[1] == {"role": "assistant", "content": m[1]["content"]} and m[2]["content"] in
+               copy_prompts.REVISIONS for m in revisions)
+    assert all(d.endswith(answer) for d in documents)
+    file = tmp_path / "copy.jsonl"
+    file.write_text("".join(json.dumps(p) + "\n" for p in prompts))
+    assert len(training.load_prompts([file])) == 4
+
+
 def _embedded_tokenizer():
     """The embedded model's tokenizer (converting the model first if needed)."""
     from transformers import AutoTokenizer
@@ -205,6 +246,23 @@ def test_the_data_stage_samples_at_a_temperature_and_a_rerun_repeats_the_samples
     assert answers("sampled", 1.0) == sampled
     with pytest.raises(ValueError, match="temperature 1.0"):
         answers("sampled", 0.5)
+
+
+def test_the_data_stage_answers_a_conversation_after_its_last_user_turn(tmp_path):
+    from eagle_mdsd import models
+
+    tokenizer = _embedded_tokenizer()
+    model = _tiny_run(tmp_path / "tiny", tokenizer)
+    turns = [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "Blue."},
+             {"role": "user", "content": "Again, please."}]
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"messages": turns}) + "\n")
+    shards = training.make_data(tmp_path / "run", [prompts], model, "float32", max_new_tokens=4, batch_size=1)
+    sample = torch.load(shards[0])[0]
+    prompt = models.chat_prompt_ids(tokenizer, turns)
+    assert sample["ids"][: sample["start"]].tolist() == prompt and sample["start"] == len(prompt)
+    text = tokenizer.decode(prompt)
+    assert text.index("Name a colour.") < text.index("Blue.") < text.index("Again, please.")
 
 
 def test_an_interrupted_training_run_resumes_to_the_same_head(tmp_path, monkeypatch):
