@@ -124,14 +124,13 @@ def model_name(spec: str | None) -> str:
     return EMBEDDED_NAME if spec in (None, EMBEDDED) else Path(str(spec)).name or str(spec)
 
 
-def chat_prompt_ids(tokenizer, text) -> list[int]:
+def chat_prompt_ids(tokenizer, prompt) -> list[int]:
     """One user message (a string), or a conversation ending with a user message (a list of {"role",
     "content"}), through the model's chat template (plain text, the turns joined, if it has none)."""
-    messages = [{"role": "user", "content": text}] if isinstance(text, str) else list(text)
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
     if getattr(tokenizer, "chat_template", None):
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         if hasattr(ids, "keys"):
             ids = ids["input_ids"]
         return [int(i) for i in ids]
-    text = "\n\n".join(m["content"] for m in messages)
-    return tokenizer(text)["input_ids"]
+    return tokenizer("\n\n".join(m["content"] for m in messages))["input_ids"]

@@ -88,22 +88,19 @@ def load_prompts(paths) -> list[dict]:
                 continue
             if isinstance(record.get("messages"), list):  # a conversation ending with a user turn
                 prompt = _conversation(record["messages"], file)
-                users = [_normalise(m["content"]) for m in prompt if m["role"] == "user"]
+                users = [m["content"] for m in prompt if m["role"] == "user"]
                 key = "\n".join(_normalise(m["content"]) for m in prompt)
-                if any(u in banned for u in users) or key in seen:
-                    continue
-                seen.add(key)
-                prompts.append({"prompt": prompt, "reference": record.get("response") or ""})
-                continue
-            instruction = record.get("instruction") or record.get("prompt") or record.get("text") or ""
-            extra = record.get("input") or ""
-            reference = record.get("response") or record.get("output") or ""
-            if not extra and not reference and record.get("instances"):
-                extra = record["instances"][0].get("input", "")
-                reference = record["instances"][0].get("output", "")
-            prompt = f"{instruction}\n\n{extra}".strip() if extra else instruction.strip()
-            key = _normalise(prompt)
-            if not prompt or key in banned or key in seen:
+                reference = record.get("response") or ""
+            else:
+                instruction = record.get("instruction") or record.get("prompt") or record.get("text") or ""
+                extra = record.get("input") or ""
+                reference = record.get("response") or record.get("output") or ""
+                if not extra and not reference and record.get("instances"):
+                    extra = record["instances"][0].get("input", "")
+                    reference = record["instances"][0].get("output", "")
+                prompt = f"{instruction}\n\n{extra}".strip() if extra else instruction.strip()
+                users, key = [prompt], _normalise(prompt)
+            if not prompt or key in seen or any(_normalise(u) in banned for u in users):
                 continue
             seen.add(key)
             prompts.append({"prompt": prompt, "reference": reference})
@@ -237,6 +234,7 @@ def make_data(out_dir: Path, prompt_paths, base_model=None, dtype="bfloat16", ma
     and features, in shards of `shard_size` prompts under out_dir/data; a rerun continues."""
     if temperature < 0:
         raise ValueError(f"--temperature must be >= 0, got {temperature}")
+    prompts = load_prompts(prompt_paths)  # bad prompt files fail before the run folder is made
     data_dir = Path(out_dir) / "data"
     data_dir.mkdir(parents=True, exist_ok=True)
     record = data_dir / "prompts.json"
@@ -244,7 +242,6 @@ def make_data(out_dir: Path, prompt_paths, base_model=None, dtype="bfloat16", ma
     if made_at != temperature:
         raise ValueError(f"{data_dir} holds answers made at temperature {made_at}: pass that --temperature, "
                          f"or another --run")
-    prompts = load_prompts(prompt_paths)
     random.Random(seed).shuffle(prompts)
     prompts = prompts[:max_prompts] if max_prompts else prompts
     record.write_text(json.dumps({"count": len(prompts), "seed": seed, "shard_size": shard_size,

@@ -14,6 +14,9 @@ The requests are our own generic wordings, none of them a benchmark question (th
 those anyway).  Deterministic for a seed.
 
     .venv/bin/python evaluation/copy_prompts.py --out runs/copy/prompts.jsonl --count 2048
+
+`--copy-rate RUN` instead reports how much the answers of a data run copy: the share of answer 3-grams (token
+ids) that occur in their prompt.
 """
 
 from __future__ import annotations
@@ -55,6 +58,9 @@ CODE = [
 
 def records(folder: Path) -> list[dict]:
     """(instruction, response) pairs of the GPTeacher codegen and roleplay files and the Alpaca seed tasks."""
+    if not (folder / "alpaca-seed-tasks.jsonl").exists():
+        raise FileNotFoundError(f"no alpaca-seed-tasks.jsonl in {folder}: pass the training prompts folder "
+                                f"with --train-prompts")
     out = []
     for path in sorted(folder.glob("gpteacher-*-instruct.json")):  # not toolformer: tool-call notation
         kind = "code" if "codegen" in path.name else "text"
@@ -85,14 +91,42 @@ def build(folder: Path, count: int, seed: int = 0) -> list[dict]:
     return prompts
 
 
+def copy_rate(shards) -> float:
+    """The share of answer 3-grams, over the samples of data shards, that occur in their own prompt."""
+    import torch
+
+    hits = total = 0
+    for shard in shards:
+        for sample in torch.load(shard, weights_only=True):
+            ids, start = sample["ids"].tolist(), sample["start"]
+            prompt = {tuple(ids[i : i + 3]) for i in range(start - 2)}
+            grams = [tuple(ids[i : i + 3]) for i in range(start, len(ids) - 2)]
+            hits += sum(gram in prompt for gram in grams)
+            total += len(grams)
+    return hits / max(total, 1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--train-prompts", default="../shared/data/train_prompts")
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out", help="the prompt file to write")
+    parser.add_argument("--copy-rate", metavar="RUN", help="report the copy rate of a data run's answers instead")
     parser.add_argument("--count", type=int, default=2048)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    prompts = build(Path(args.train_prompts), args.count, args.seed)
+    if args.copy_rate:
+        shards = sorted(Path(args.copy_rate, "data").glob("shard_*.pt"))
+        if not shards:
+            parser.error(f"no data shards in {Path(args.copy_rate, 'data')}: run train-head data there first")
+        print(f"{args.copy_rate}: {copy_rate(shards):.3f} of answer 3-grams occur in their prompt "
+              f"({len(shards)} shards)")
+        return
+    if not args.out:
+        parser.error("give --out (the prompt file to write) or --copy-rate RUN")
+    try:
+        prompts = build(Path(args.train_prompts), args.count, args.seed)
+    except FileNotFoundError as error:
+        parser.error(str(error))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text("".join(json.dumps(p) + "\n" for p in prompts))
     print(f"wrote {len(prompts)} prompts to {args.out}")

@@ -197,6 +197,9 @@ def test_the_copy_prompt_builder_writes_revisions_and_documents(tmp_path):
     file = tmp_path / "copy.jsonl"
     file.write_text("".join(json.dumps(p) + "\n" for p in prompts))
     assert len(training.load_prompts([file])) == 4
+    shard = tmp_path / "shard_00000.pt"  # prompt 1 2 3 4, answer 2 3 4 9 9: grams 234 (copied), 349, 499
+    torch.save([{"ids": torch.tensor([1, 2, 3, 4, 2, 3, 4, 9, 9], dtype=torch.int32), "start": 4}], shard)
+    assert copy_prompts.copy_rate([shard]) == pytest.approx(1 / 3)
 
 
 def _embedded_tokenizer():

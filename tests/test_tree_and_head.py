@@ -6,6 +6,7 @@ import copy
 import json
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -164,3 +165,28 @@ def test_cli_errors_are_one_line(args, message):
                           capture_output=True, text=True)
     assert done.returncode == 2
     assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_the_kv_cache_goes_under_the_name_the_model_takes():
+    from eagle_mdsd import models
+
+    class Old(torch.nn.Module):
+        def forward(self, hidden, past_key_values=None, use_cache=False):
+            return hidden
+
+    class New(torch.nn.Module):
+        def forward(self, hidden, cache=None, use_cache=False):
+            return hidden
+
+    assert models.cache_keyword(Old()) == "past_key_values" and models.cache_keyword(New()) == "cache"
+    # decoding passes the cache under that name: no deprecation warning about it (transformers 5.24 warns
+    # about past_key_values), the same tokens as plain decoding
+    from eagle_mdsd import engine
+
+    target = tiny_target(vocab=32, hidden=32)
+    decoder = engine.Decoder(target, head.random_head(target), tree.chain(3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        eagle = decoder.generate([1, 2, 3], 8, 0.0)
+        plain = decoder.generate([1, 2, 3], 8, 0.0, method="baseline")
+    assert eagle.token_ids == plain.token_ids
