@@ -411,9 +411,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="train stage: draft depths trained on the head's own predictions (1: EAGLE-1's loss)")
     train.add_argument("--token-weight", type=float, default=0.1,
                        help="train stage: weight of the token term against the feature term (EAGLE: 0.1)")
-    train.add_argument("--token-loss", choices=["ce", "tv"], default="ce",
+    train.add_argument("--token-loss", choices=["ce", "tv", "top1"], default="ce",
                        help="train stage: the token term, ce (EAGLE's cross-entropy against the target's "
-                            "distribution, default) or tv (total variation: 1 - a sampled draft's acceptance rate)")
+                            "distribution, default), tv (total variation: 1 - a sampled draft's acceptance rate) "
+                            "or top1 (cross-entropy against the target's most probable token, T = 0's draft)")
     train.add_argument("--draft-vocab", dest="train_draft_vocab", type=_train_draft_vocab, default=None,
                        help="train stage: score the cross-entropy over the N most frequent answer tokens only, "
                             "the vocabulary the decoder drafts from (8192: 0.75 s a step on the embedded default, "

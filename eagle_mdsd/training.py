@@ -377,19 +377,27 @@ def unrolled_predictions(draft_head, features, embedded, unroll: int = 1) -> lis
     return passes
 
 
+TOKEN_LOSSES = {  # token term per position, from the target's p and the head's log q
+    "ce": lambda p, logq: -(p * logq).sum(-1),
+    "tv": lambda p, logq: 0.5 * (p - logq.exp()).abs().sum(-1),
+    "top1": lambda p, logq: -logq.gather(-1, p.argmax(-1, keepdim=True))[..., 0],
+}
+
+
 def head_loss(draft_head, embed, lm_head, features, tokens, targets, mask, noise: float = 0.1, unroll: int = 1,
               token_weight: float = 0.1, token_loss: str = "ce"):
     """(loss, top-1 accuracy of pass 1): SmoothL1 on features + token_weight x a token term comparing the head's
     distribution q with the target's p (EAGLE's recipe: cross-entropy, 0.1).
 
     token_loss "ce" is EAGLE's cross-entropy; "tv" is the total variation distance 1/2 sum |p - q|, which is
-    1 - the acceptance rate sum min(p, q) of one sampled draft (DistillSpec, Zhou et al. 2024).
+    1 - the acceptance rate sum min(p, q) of one sampled draft (DistillSpec, Zhou et al. 2024); "top1" is the
+    cross-entropy against the target's most probable token alone, the token a draft must match at T = 0.
     unroll = 1 is EAGLE-1's recipe.  unroll = s > 1 also trains the head on its own predictions, as it is
     used at draft depths 2..s (HASS, Zhang et al. 2025; EAGLE-3's training-time test); pass r's loss is
     weighted 0.8^(r-1).
     """
-    if token_loss not in ("ce", "tv"):
-        raise ValueError(f"unknown token loss {token_loss!r}: use ce or tv")
+    if token_loss not in TOKEN_LOSSES:
+        raise ValueError(f"unknown token loss {token_loss!r}: use ce, tv or top1")
     if noise:
         features = features + (torch.rand_like(features) * 2 - 1) * noise
     passes = unrolled_predictions(draft_head, features, embed(tokens).to(features.dtype), unroll)
@@ -401,7 +409,7 @@ def head_loss(draft_head, embed, lm_head, features, tokens, targets, mask, noise
         feature_loss = torch.nn.functional.smooth_l1_loss(predicted[kept].float(), targets[kept].float())
         head_logp = torch.log_softmax(lm_head(predicted[kept]).float(), -1)
         p = target_probs[kept[mask]]
-        token_term = -(p * head_logp).sum(-1) if token_loss == "ce" else 0.5 * (p - head_logp.exp()).abs().sum(-1)
+        token_term = TOKEN_LOSSES[token_loss](p, head_logp)
         total = total + 0.8 ** (step - 1) * (feature_loss + token_weight * token_term.mean())
         if step == 1:
             accuracy = float((head_logp.argmax(-1) == target_probs.argmax(-1)).float().mean())
@@ -425,8 +433,9 @@ def train(out_dir: Path, base_model=None, epochs: float = 1.0, lr: float = 5e-4,
           draft_vocab: int | None = None, token_loss: str = "ce") -> dict:
     """Train (or resume) the run's head; `unroll` > 1 adds the multi-step loss of `head_loss`, `init_from`
     starts from another run's checkpoint or an exported head instead of a random one, `token_loss` is the token
-    term ("ce": EAGLE's cross-entropy; "tv": total variation, 1 - the acceptance rate of one sampled draft),
-    `token_weight` weighs it against the feature term (EAGLE's 0.1), `draft_vocab` = N scores it over the N most
+    term ("ce": EAGLE's cross-entropy; "tv": total variation, 1 - the acceptance rate of one sampled draft;
+    "top1": cross-entropy against the target's most probable token), `token_weight` weighs it against the
+    feature term (EAGLE's 0.1), `draft_vocab` = N scores it over the N most
     frequent answer tokens of the data only (the ranking `export` ships; None: the full vocabulary)."""
     out_dir = Path(out_dir)
     if draft_vocab is not None and draft_vocab < 1:
@@ -435,8 +444,8 @@ def train(out_dir: Path, base_model=None, epochs: float = 1.0, lr: float = 5e-4,
         raise ValueError(f"--unroll is {unroll}: pass 1 (EAGLE-1's loss) or more (draft depths trained)")
     if token_weight < 0:
         raise ValueError(f"--token-weight is {token_weight}: pass 0 or more (EAGLE's recipe: 0.1)")
-    if token_loss not in ("ce", "tv"):
-        raise ValueError(f"--token-loss is {token_loss!r}: pass ce (EAGLE's cross-entropy) or tv")
+    if token_loss not in TOKEN_LOSSES:
+        raise ValueError(f"--token-loss is {token_loss!r}: pass ce (EAGLE's cross-entropy), tv or top1")
     init_from = str(Path(init_from)) if init_from else None
     vocab_option = "full" if draft_vocab is None else draft_vocab
     data_from = [str(Path(run)) for run in data_from]

@@ -93,8 +93,21 @@ def test_the_tv_token_loss_is_one_minus_the_acceptance_rate():
         q = torch.softmax(lm_head(predicted[mask]), -1)
     accept = torch.minimum(p, q).sum(-1).mean()  # sum min(p, q): one sampled draft's acceptance rate
     assert loss[1.0] - loss[0.0] == pytest.approx(float(1 - accept), rel=1e-6)
-    with pytest.raises(ValueError, match="unknown token loss 'kl': use ce or tv"):
+    with pytest.raises(ValueError, match="unknown token loss 'kl': use ce, tv or top1"):
         training.head_loss(draft_head, embed, lm_head, features, tokens, targets, mask, token_loss="kl")
+
+
+def test_the_top1_token_loss_is_the_cross_entropy_of_the_targets_argmax():
+    target, draft_head, (features, tokens, targets, mask) = _tiny_batch()
+    embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
+    with torch.no_grad():
+        loss = {w: float(training.head_loss(draft_head, embed, lm_head, features, tokens, targets, mask, noise=0.0,
+                                            token_weight=w, token_loss="top1")[0]) for w in (0.0, 1.0)}
+        predicted = training.unrolled_predictions(draft_head, features, embed(tokens).double())[0]
+        best = lm_head(targets[mask]).argmax(-1)  # the token the target decodes at T = 0
+        log_q = torch.log_softmax(lm_head(predicted[mask]), -1)
+    by_hand = -sum(float(log_q[row, token]) for row, token in enumerate(best.tolist())) / len(best)
+    assert loss[1.0] - loss[0.0] == pytest.approx(by_hand, rel=1e-6)
 
 
 def test_depth1_scores_count_argmax_hits_and_a_sampled_drafts_acceptance():
@@ -148,7 +161,7 @@ def test_train_head_passes_the_token_loss_to_training(monkeypatch, tmp_path):
 
     seen = {}
     monkeypatch.setattr(training, "train", lambda *args, **kwargs: seen.update(kwargs) or {"log": []})
-    for argv, expected in ((["--token-loss", "tv"], "tv"), ([], "ce")):
+    for argv, expected in ((["--token-loss", "tv"], "tv"), (["--token-loss", "top1"], "top1"), ([], "ce")):
         args = cli.build_parser().parse_args(["train-head", "train", "--run", str(tmp_path)] + argv)
         args.fn(args)
         assert seen["token_loss"] == expected
@@ -477,9 +490,11 @@ def test_multi_step_training_from_a_trained_head(tmp_path):
                        **settings)
     by_loss = {loss: training.train(tmp_path / loss, model, data_from=[tmp_path / "own"], lr=1e-2, epochs=3,
                                     token_loss=loss, token_weight=2.0, init_from=tmp_path / "first",
-                                    tokens_per_batch=48, bf16=False) for loss in ("ce", "tv")}
-    assert by_loss["tv"]["token_loss"] == "tv" and by_loss["tv"]["log"][-1]["loss"] < by_loss["tv"]["log"][0]["loss"]
-    assert [r["loss"] for r in by_loss["tv"]["log"]] != [r["loss"] for r in by_loss["ce"]["log"]]
+                                    tokens_per_batch=48, bf16=False) for loss in ("ce", "tv", "top1")}
+    for loss in ("tv", "top1"):
+        losses = [record["loss"] for record in by_loss[loss]["log"]]
+        assert by_loss[loss]["token_loss"] == loss and losses[-1] < losses[0]
+        assert losses != [record["loss"] for record in by_loss["ce"]["log"]]
     with pytest.raises(ValueError, match="--token-loss tv, not ce"):
         training.train(tmp_path / "tv", model, data_from=[tmp_path / "own"], token_weight=2.0,
                        init_from=tmp_path / "first", **settings)
