@@ -10,6 +10,7 @@ method with the baseline on the questions both files answered.
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 from . import bench
@@ -44,6 +45,23 @@ def _totals(rows: list[dict]) -> dict:
     return totals
 
 
+def question_tau(rows: list[dict]) -> dict:
+    """Tau of each question: its tokens / its target cycles over all its turns."""
+    return {row["question_id"]: sum(row["choices"][0]["new_tokens"]) / sum(row["choices"][0]["idxs"])
+            for row in rows if sum(row["choices"][0]["idxs"])}
+
+
+def paired_tau(reference: dict, other: dict) -> dict:
+    """other's per-question tau minus reference's on the questions both answered: mean, its standard error
+    (sample standard deviation / sqrt(n)), and on how many questions other is higher or lower."""
+    shared = sorted(set(reference) & set(other))
+    differences = [other[q] - reference[q] for q in shared]
+    return {"questions": len(shared), "mean": statistics.fmean(differences) if shared else float("nan"),
+            "standard_error": statistics.stdev(differences) / len(shared) ** 0.5 if len(shared) > 1
+            else float("nan"),
+            "higher": sum(d > 0 for d in differences), "lower": sum(d < 0 for d in differences)}
+
+
 def _by_category(rows: list[dict]) -> dict[str, list[dict]]:
     groups: dict[str, list[dict]] = {"all": rows}
     for row in rows:
@@ -76,8 +94,12 @@ def compare(answer_files: list[Path], baseline: Path | None = None, labels: list
                 totals["baseline_tokens_per_s"] = theirs["tokens_per_s"] if shared else float("nan")
             categories[name] = totals
         label = labels[i] if labels else rows[0].get("model_id") or Path(path).stem
-        entries.append({"label": label, "file": str(path),
-                        "categories": categories})
+        entries.append({"label": label, "file": str(path), "categories": categories,
+                        "question_tau": question_tau(rows)})
+    drafted = [e for e in entries if "acceptance_by_depth" in e["categories"]["all"]]  # files that drafted
+    for entry in drafted[1:]:
+        entry["paired_tau"] = {"against": drafted[0]["label"],
+                               **paired_tau(drafted[0]["question_tau"], entry["question_tau"])}
     return entries
 
 
@@ -112,6 +134,16 @@ def markdown(entries: list[dict]) -> str:
             rates = entry["categories"]["all"]["acceptance_by_depth"]
             lines.append(f"| {entry['label']} | " + " | ".join(f"{rates[d]:.3f}" if d < len(rates) else "-"
                                                                for d in range(depths)) + " |")
+    paired = [e for e in entries if "paired_tau" in e]
+    if paired:
+        lines += ["", f"Tau per question against {paired[0]['paired_tau']['against']} (a question's tau: its "
+                  "tokens / its cycles, all turns; paired over the questions both answered):", "",
+                  "| method | questions | mean difference | standard error | higher | lower |",
+                  "|---|---|---|---|---|---|"]
+        for entry in paired:
+            t = entry["paired_tau"]
+            lines.append(f"| {entry['label']} | {t['questions']} | {t['mean']:+.3f} | {t['standard_error']:.3f} | "
+                         f"{t['higher']} | {t['lower']} |")
     profiled = [e for e in entries if "ms_per_cycle" in e["categories"]["all"]]
     if profiled:
         lines += ["", "Where a cycle's time goes (ms per target cycle):", "",

@@ -107,6 +107,27 @@ def test_report_recomputes_from_the_files(tmp_path):
     assert cli.main(["report", str(fast), str(slow), "--labels", "a", "--out", str(tmp_path / "cli")]) == 2
 
 
+def test_report_pairs_tau_per_question_against_the_first_drafting_file(tmp_path):
+    def drafted(qid, tokens, cycles):
+        row = _fake_row(qid, "x", tokens, [1.0] * len(tokens), cycles)
+        row["choices"][0]["accept_lengths"] = [[2] * n for n in cycles]
+        return row
+
+    files = {name: tmp_path / f"{name}.jsonl" for name in ("plain", "first", "second")}
+    files["plain"].write_text(json.dumps(_fake_row(1, "x", [8], [1.0], [8])) + "\n")  # no drafts: not paired
+    files["first"].write_text("\n".join(json.dumps(r) for r in [drafted(1, [8, 4], [4, 2]), drafted(2, [9], [3]),
+                                                                   drafted(3, [5], [5])]) + "\n")
+    files["second"].write_text("\n".join(json.dumps(r) for r in [drafted(1, [9, 3], [3, 1]), drafted(2, [8], [4]),
+                                                                    drafted(4, [6], [2])]) + "\n")
+    entries = report.compare(list(files.values()), labels=list(files))
+    # questions 1 and 2 in both: tau 12/6 -> 12/4 (+1) and 9/3 -> 8/4 (-1)
+    assert entries[2]["paired_tau"] == {"against": "first", "questions": 2, "mean": pytest.approx(0.0),
+                                        "standard_error": pytest.approx(1.0),  # sample sd sqrt(2), over sqrt(2)
+                                        "higher": 1, "lower": 1}
+    assert "paired_tau" not in entries[0] and "paired_tau" not in entries[1]
+    assert "| second | 2 | +0.000 | 1.000 | 1 | 1 |" in report.markdown(entries)
+
+
 def test_report_acceptance_by_depth():
     # cycles accepting 0, 0, 1, 2, 2 drafts: 3 of 5 reach depth 1, 2 of those 3 depth 2, none depth 3
     assert report.acceptance_by_depth([1, 1, 2, 3, 3]) == pytest.approx([3 / 5, 2 / 3])
