@@ -74,12 +74,14 @@ def summarise(answer_file: Path) -> dict[str, dict]:
     return {name: _totals(group) for name, group in _by_category(bench.read_rows(answer_file)).items()}
 
 
-def compare(answer_files: list[Path], baseline: Path | None = None, labels: list[str] | None = None) -> list[dict]:
-    """One entry per answer file: its label and, per category, totals and the speedup over `baseline`."""
+def compare(answer_files: list[Path], baseline: Path | None = None, labels: list[str] | None = None,
+            paired: bool = False) -> list[dict]:
+    """One entry per answer file: its label and, per category, totals and the speedup over `baseline`; with
+    `paired`, each drafting file's tau per question against the first drafting file's (`paired_tau`)."""
     base_rows = {r["question_id"]: r for r in bench.read_rows(baseline)} if baseline else {}
     if baseline and not base_rows:
         raise ValueError(f"baseline answer file {baseline} is missing or empty: run its benchmark first")
-    entries = []
+    entries, taus = [], []
     for i, path in enumerate(answer_files):
         rows = bench.read_rows(path)
         if not rows:
@@ -94,12 +96,11 @@ def compare(answer_files: list[Path], baseline: Path | None = None, labels: list
                 totals["baseline_tokens_per_s"] = theirs["tokens_per_s"] if shared else float("nan")
             categories[name] = totals
         label = labels[i] if labels else rows[0].get("model_id") or Path(path).stem
-        entries.append({"label": label, "file": str(path), "categories": categories,
-                        "question_tau": question_tau(rows)})
-    drafted = [e for e in entries if "acceptance_by_depth" in e["categories"]["all"]]  # files that drafted
-    for entry in drafted[1:]:
-        entry["paired_tau"] = {"against": drafted[0]["label"],
-                               **paired_tau(drafted[0]["question_tau"], entry["question_tau"])}
+        entries.append({"label": label, "file": str(path), "categories": categories})
+        if paired and "acceptance_by_depth" in categories["all"]:  # a file that drafted
+            taus.append((entries[-1], question_tau(rows)))
+    for entry, tau in taus[1:]:
+        entry["paired_tau"] = {"against": taus[0][0]["label"], **paired_tau(taus[0][1], tau)}
     return entries
 
 
@@ -184,9 +185,9 @@ def bar_chart(entries: list[dict], png: Path, baseline: Path | None = None) -> P
 
 
 def write(answer_files: list[Path], out: Path, baseline: Path | None = None, title: str = "",
-          labels: list[str] | None = None) -> tuple[Path, Path]:
+          labels: list[str] | None = None, paired: bool = False) -> tuple[Path, Path]:
     """out.md (the tables) and out.png (the chart)."""
-    entries = compare(answer_files, baseline, labels)
+    entries = compare(answer_files, baseline, labels, paired)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     text = (f"# {title}\n\n" if title else "") + markdown(entries)

@@ -119,13 +119,16 @@ def test_report_pairs_tau_per_question_against_the_first_drafting_file(tmp_path)
                                                                    drafted(3, [5], [5])]) + "\n")
     files["second"].write_text("\n".join(json.dumps(r) for r in [drafted(1, [9, 3], [3, 1]), drafted(2, [8], [4]),
                                                                     drafted(4, [6], [2])]) + "\n")
-    entries = report.compare(list(files.values()), labels=list(files))
+    assert not any("paired_tau" in entry for entry in report.compare(list(files.values()), labels=list(files)))
+    entries = report.compare(list(files.values()), labels=list(files), paired=True)
     # questions 1 and 2 in both: tau 12/6 -> 12/4 (+1) and 9/3 -> 8/4 (-1)
     assert entries[2]["paired_tau"] == {"against": "first", "questions": 2, "mean": pytest.approx(0.0),
                                         "standard_error": pytest.approx(1.0),  # sample sd sqrt(2), over sqrt(2)
                                         "higher": 1, "lower": 1}
     assert "paired_tau" not in entries[0] and "paired_tau" not in entries[1]
     assert "| second | 2 | +0.000 | 1.000 | 1 | 1 |" in report.markdown(entries)
+    assert cli.main(["report", *map(str, files.values()), "--paired", "--out", str(tmp_path / "cli")]) == 0
+    assert "| m | 2 | +0.000 | 1.000 | 1 | 1 |" in (tmp_path / "cli.md").read_text()  # labels: the model_id
 
 
 def test_report_acceptance_by_depth():
