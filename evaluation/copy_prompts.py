@@ -115,9 +115,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     if args.copy_rate:
-        shards = sorted(Path(args.copy_rate, "data").glob("shard_*.pt"))
-        if not shards:
-            parser.error(f"no data shards in {Path(args.copy_rate, 'data')}: run train-head data there first")
+        from eagle_mdsd.training import data_shards
+
+        try:
+            shards = data_shards(Path(args.copy_rate))
+        except FileNotFoundError as error:
+            parser.error(str(error))
         print(f"{args.copy_rate}: {copy_rate(shards):.3f} of answer 3-grams occur in their prompt "
               f"({len(shards)} shards)")
         return

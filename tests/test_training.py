@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 
 import pytest
 import torch
@@ -68,46 +69,39 @@ def test_the_token_weight_scales_the_cross_entropy_term():
     assert loss[0.1] - loss[0.0] == pytest.approx(0.1 * token_term, rel=1e-4)  # EAGLE's default weight
 
 
-def test_the_draft_vocabulary_loss_is_the_cross_entropy_over_those_tokens():
+def _token_term(token_loss="ce", rows=None):
+    """What head_loss adds for the token term at weight 1 (no noise), with the target's and the head's logits at
+    the scored positions (over `rows` only, when given)."""
     target, draft_head, (features, tokens, targets, mask) = _tiny_batch()
     embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
-    rows = torch.tensor([1, 4, 5, 9, 17, 30])
-    restricted = training.draft_vocab_lm_head(lm_head, rows)
+    scored = lm_head if rows is None else training.draft_vocab_lm_head(lm_head, rows)
     with torch.no_grad():
-        loss = {w: float(training.head_loss(draft_head, embed, restricted, features, tokens, targets, mask,
-                                            noise=0.0, token_weight=w)[0]) for w in (0.0, 1.0)}
+        loss = {w: float(training.head_loss(draft_head, embed, scored, features, tokens, targets, mask, noise=0.0,
+                                            token_weight=w, token_loss=token_loss)[0]) for w in (0.0, 1.0)}
         predicted = training.unrolled_predictions(draft_head, features, embed(tokens).double())[0]
-        p = torch.softmax(lm_head(targets[mask])[:, rows], -1)  # the target's distribution over the rows
-        log_q = torch.log_softmax(lm_head(predicted[mask])[:, rows], -1)
-    assert loss[1.0] - loss[0.0] == pytest.approx(float(-(p * log_q).sum(-1).mean()), rel=1e-6)
+        return loss[1.0] - loss[0.0], scored(targets[mask]), scored(predicted[mask])
+
+
+def test_the_draft_vocabulary_loss_is_the_cross_entropy_over_those_tokens():
+    term, target_logits, head_logits = _token_term(rows=torch.tensor([1, 4, 5, 9, 17, 30]))
+    p = torch.softmax(target_logits, -1)  # the target's distribution over the rows
+    assert term == pytest.approx(float(-(p * torch.log_softmax(head_logits, -1)).sum(-1).mean()), rel=1e-6)
 
 
 def test_the_tv_token_loss_is_one_minus_the_acceptance_rate():
-    target, draft_head, (features, tokens, targets, mask) = _tiny_batch()
-    embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
-    with torch.no_grad():
-        loss = {w: float(training.head_loss(draft_head, embed, lm_head, features, tokens, targets, mask, noise=0.0,
-                                            token_weight=w, token_loss="tv")[0]) for w in (0.0, 1.0)}
-        predicted = training.unrolled_predictions(draft_head, features, embed(tokens).double())[0]
-        p = torch.softmax(lm_head(targets[mask]), -1)
-        q = torch.softmax(lm_head(predicted[mask]), -1)
-    accept = torch.minimum(p, q).sum(-1).mean()  # sum min(p, q): one sampled draft's acceptance rate
-    assert loss[1.0] - loss[0.0] == pytest.approx(float(1 - accept), rel=1e-6)
+    term, target_logits, head_logits = _token_term("tv")
+    accept = torch.minimum(torch.softmax(target_logits, -1), torch.softmax(head_logits, -1)).sum(-1).mean()
+    assert term == pytest.approx(float(1 - accept), rel=1e-6)  # sum min(p, q): one sampled draft's acceptance
     with pytest.raises(ValueError, match="unknown token loss 'kl': use ce, tv or top1"):
-        training.head_loss(draft_head, embed, lm_head, features, tokens, targets, mask, token_loss="kl")
+        _token_term("kl")
 
 
 def test_the_top1_token_loss_is_the_cross_entropy_of_the_targets_argmax():
-    target, draft_head, (features, tokens, targets, mask) = _tiny_batch()
-    embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
-    with torch.no_grad():
-        loss = {w: float(training.head_loss(draft_head, embed, lm_head, features, tokens, targets, mask, noise=0.0,
-                                            token_weight=w, token_loss="top1")[0]) for w in (0.0, 1.0)}
-        predicted = training.unrolled_predictions(draft_head, features, embed(tokens).double())[0]
-        best = lm_head(targets[mask]).argmax(-1)  # the token the target decodes at T = 0
-        log_q = torch.log_softmax(lm_head(predicted[mask]), -1)
-    by_hand = -sum(float(log_q[row, token]) for row, token in enumerate(best.tolist())) / len(best)
-    assert loss[1.0] - loss[0.0] == pytest.approx(by_hand, rel=1e-6)
+    term, target_logits, head_logits = _token_term("top1")
+    best = target_logits.argmax(-1)  # the token the target decodes at T = 0
+    log_q = torch.log_softmax(head_logits, -1)
+    assert term == pytest.approx(-sum(float(log_q[row, token]) for row, token in enumerate(best.tolist()))
+                                 / len(best), rel=1e-6)
 
 
 def test_depth1_scores_count_argmax_hits_and_a_sampled_drafts_acceptance():
@@ -213,6 +207,14 @@ def test_the_copy_prompt_builder_writes_revisions_and_documents(tmp_path):
     shard = tmp_path / "shard_00000.pt"  # prompt 1 2 3 4, answer 2 3 4 9 9: grams 234 (copied), 349, 499
     torch.save([{"ids": torch.tensor([1, 2, 3, 4, 2, 3, 4, 9, 9], dtype=torch.int32), "start": 4}], shard)
     assert copy_prompts.copy_rate([shard]) == pytest.approx(1 / 3)
+
+
+def test_the_copy_rate_of_a_run_without_shards_is_a_one_line_error(monkeypatch, capsys, tmp_path):
+    copy_prompts = evaluation_scripts.load("copy_prompts")
+    monkeypatch.setattr(sys, "argv", ["copy_prompts.py", "--copy-rate", str(tmp_path)])
+    with pytest.raises(SystemExit):
+        copy_prompts.main()
+    assert f"no data shards in {tmp_path / 'data'}" in capsys.readouterr().err
 
 
 def _embedded_tokenizer():
