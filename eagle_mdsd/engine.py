@@ -248,10 +248,12 @@ class Decoder:
 
     # -- target and head calls -------------------------------------------------------------
 
-    def _target(self, tokens, positions, visible):
-        """The target's features (last hidden states after its final norm) [k, H]."""
-        out = self.decoder_model(input_ids=tokens[None], position_ids=positions[None],
-                                 attention_mask=additive_mask(visible, self.target.dtype),
+    def _target(self, tokens, positions, visible=None):
+        """The target's features (last hidden states after its final norm) [k, H].  visible None: plain causal
+        attention, masked by the model itself as in its own `generate` - the same attention kernels, so in bf16
+        the prefill and a plain decoding step round as `generate`'s do, bit for bit."""
+        mask = None if visible is None else additive_mask(visible, self.target.dtype)
+        out = self.decoder_model(input_ids=tokens[None], position_ids=positions[None], attention_mask=mask,
                                  use_cache=True, **{self.target_cache_keyword: self.target_cache})
         return out.last_hidden_state[0]
 
@@ -291,8 +293,7 @@ class Decoder:
     def _run(self, prompt, max_new_tokens, temperature, generator, method):
         start = time.perf_counter()
         length = len(prompt)
-        causal = torch.ones(length, length, dtype=torch.bool, device=prompt.device).tril_()
-        features = self._target(prompt, torch.arange(length, device=prompt.device), causal)
+        features = self._target(prompt, torch.arange(length, device=prompt.device))
         root = self._sample(warp(self.lm_head(features[-1]), temperature), generator)
         prefill_time = time.perf_counter() - start
         result = GenerationResult(prompt.tolist(), [root], 0)
@@ -303,8 +304,7 @@ class Decoder:
         while root not in self.eos and result.new_tokens < max_new_tokens:
             if method == "baseline":
                 self.timer.start()
-                visible = torch.ones(1, length + 1, dtype=torch.bool, device=prompt.device)
-                features = self._target(prompt.new_tensor([root]), prompt.new_tensor([length]), visible)
+                features = self._target(prompt.new_tensor([root]), prompt.new_tensor([length]))
                 self.timer.lap("target")
                 emitted, pending = [self._sample(warp(self.lm_head(features[-1]), temperature), generator)], None
                 self.timer.lap("verify")
