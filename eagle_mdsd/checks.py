@@ -1,4 +1,4 @@
-"""Temperature-0 equivalence with transformers' greedy generate on the embedded default.
+"""Temperature-0 equivalence with transformers' greedy generate, on the embedded default or any target.
 
 For each dtype, MT-Bench question (first turn) and tree, the engine's tokens
 are compared with `generate(do_sample=False)` from the same prompt ids.  Rows
@@ -16,7 +16,8 @@ from tqdm import tqdm
 
 from . import benchmarks, dynamic, engine, head, models, questions
 
-ALL_TREES = ("eagle_default", "binary_depth4", "quad_depth3", "chain4", "chain6", "eagle2", "opt_tree",
+BASELINE = "baseline"  # the engine's plain decoding, in place of a tree: where a difference enters
+ALL_TREES = (BASELINE, "eagle_default", "binary_depth4", "quad_depth3", "chain4", "chain6", "eagle2", "opt_tree",
              "eagle_default+lookup")
 
 
@@ -28,7 +29,11 @@ def _first_difference(a: list[int], b: list[int]) -> int | None:
 
 
 def greedy_equivalence(rows_file: Path, question_count: int = 5, max_new_tokens: int = 128,
-                       trees=ALL_TREES, dtypes=("float32", "bfloat16"), head_spec: str = "random") -> list[dict]:
+                       trees=ALL_TREES, dtypes=("float32", "bfloat16"), head_spec: str = "random",
+                       base_model: str | None = None) -> list[dict]:
+    """base_model: a hub id, folder or .gguf file (models.load_target); None, the embedded default."""
+    topologies = {name: None if name == BASELINE else dynamic.load(name) for name in trees}  # bad names: now
+    torch_dtypes = {dtype: models.parse_dtype(dtype) for dtype in dtypes}
     rows_file.parent.mkdir(parents=True, exist_ok=True)
     done = {}
     if rows_file.exists():
@@ -40,7 +45,7 @@ def greedy_equivalence(rows_file: Path, question_count: int = 5, max_new_tokens:
         todo = [(q, t) for q in chosen for t in trees if (dtype, q["question_id"], t) not in done]
         if not todo:
             continue
-        target, tokenizer = models.load_target(None, models.parse_dtype(dtype))
+        target, tokenizer = models.load_target(base_model, torch_dtypes[dtype])
         draft_head = head.random_head(target) if head_spec == "random" else head.load_head(head_spec, target)
         eos = models.eos_token_ids(target, tokenizer)
         references = {}
@@ -51,8 +56,9 @@ def greedy_equivalence(rows_file: Path, question_count: int = 5, max_new_tokens:
                     out = target.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False)
                 references[question["question_id"]] = out[0, len(prompt):].tolist()
             reference = references[question["question_id"]]
-            decoder = engine.Decoder(target, draft_head, dynamic.load(tree_name), eos_token_ids=eos)
-            result = decoder.generate(prompt, max_new_tokens, 0.0)
+            topology = topologies[tree_name]
+            decoder = engine.Decoder(target, draft_head, topology, eos_token_ids=eos)
+            result = decoder.generate(prompt, max_new_tokens, 0.0, method="baseline" if topology is None else "eagle")
             row = {"dtype": dtype, "question_id": question["question_id"], "tree": tree_name,
                    "identical": result.token_ids == reference, "tokens": result.new_tokens,
                    "first_difference": _first_difference(result.token_ids, reference), "tau": result.tau}
@@ -62,16 +68,18 @@ def greedy_equivalence(rows_file: Path, question_count: int = 5, max_new_tokens:
     return [row for row in done.values() if row["question_id"] in {q["question_id"] for q in chosen}]
 
 
-def summary_markdown(rows: list[dict], max_new_tokens: int, head_spec: str) -> str:
+def summary_markdown(rows: list[dict], max_new_tokens: int, head_spec: str, base_model: str | None = None) -> str:
     date = datetime.date.today().isoformat()
     machine = benchmarks.machine()
+    target = ("Embedded SmolLM2-135M-Instruct" if base_model in (None, models.EMBEDDED)
+              else f"Target {models.model_name(base_model)}")
     lines = [f"# Temperature 0: engine vs transformers greedy generate, {date}", "",
-             f"Machine: {machine['cpu']}, torch {machine['torch']}. Embedded SmolLM2-135M-Instruct, "
+             f"Machine: {machine['cpu']}, torch {machine['torch']}. {target}, "
              f"MT-Bench first turns, {max_new_tokens} new tokens, head: {head_spec}. "
              "A row is identical when every generated token id equals generate(do_sample=False)'s.", "",
              "| dtype | tree | questions | identical | first difference at token |", "|---|---|---|---|---|"]
     for dtype in sorted({r["dtype"] for r in rows}, reverse=True):
-        for tree_name in ALL_TREES:
+        for tree_name in dict.fromkeys(r["tree"] for r in rows):  # the trees in the order they ran
             group = [r for r in rows if r["dtype"] == dtype and r["tree"] == tree_name]
             if group:
                 diffs = [str(r["first_difference"]) for r in group if not r["identical"]]

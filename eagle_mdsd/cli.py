@@ -13,7 +13,7 @@ from pathlib import Path
 # faults took ~40% of the time on our 2-core machine (3.9 s a step against 2.3 s with huge pages).
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
-from . import drafting, kernels, theory, verification  # noqa: E402  (imports torch)
+from . import checks, drafting, kernels, theory, verification  # noqa: E402  (imports torch)
 
 METHODS = ["eagle", "baseline", "hf_generate", "prompt_lookup"]
 DRAFT_VOCAB_HELP = ("draft over the head's N most frequent tokens (FR-Spec; q is 0 elsewhere, still exact): N, "
@@ -165,13 +165,15 @@ def cmd_generate(args) -> None:
 def cmd_check_greedy(args) -> None:
     import datetime
 
-    from . import checks
+    from . import models
 
     out = Path(args.out)
-    rows_file = out / f"greedy_check_{datetime.date.today().isoformat()}.jsonl"
+    model = ("" if args.base_model in (None, models.EMBEDDED)
+             else "_" + models.model_name(args.base_model).removesuffix(".gguf"))
+    rows_file = out / f"greedy_check_{datetime.date.today().isoformat()}{model}.jsonl"
     rows = checks.greedy_equivalence(rows_file, args.questions, args.max_new_tokens, args.trees,
-                                     args.dtypes.split(","), args.ea_model)
-    text = checks.summary_markdown(rows, args.max_new_tokens, args.ea_model)
+                                     args.dtypes.split(","), args.ea_model, args.base_model)
+    text = checks.summary_markdown(rows, args.max_new_tokens, args.ea_model, args.base_model)
     rows_file.with_suffix(".md").write_text(text)
     print(text)
 
@@ -387,11 +389,14 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--profile", action="store_true", help="time the phases of a cycle (draft, target, verify, commit)")
     gen.add_argument("--json", action="store_true", help="print one JSON object with the text and the stats")
     gen.set_defaults(fn=cmd_generate)
-    greedy = sub.add_parser("check-greedy", help="T=0 token equality with transformers generate, embedded model")
+    greedy = sub.add_parser("check-greedy", help="T=0 token equality with transformers generate")
+    greedy.add_argument("--base-model", default=None,
+                        help="hub id, folder or .gguf file (default: embedded SmolLM2); the results file is named "
+                             "after it")
     greedy.add_argument("--questions", type=_count(1), default=5)
     greedy.add_argument("--max-new-tokens", type=int, default=128)
-    greedy.add_argument("--trees", nargs="+", default=["eagle_default", "binary_depth4", "quad_depth3", "chain4",
-                                                       "chain6", "eagle2", "opt_tree", "eagle_default+lookup"])
+    greedy.add_argument("--trees", nargs="+", default=list(checks.ALL_TREES),
+                        help="trees to check, and 'baseline' for the engine's plain decoding (default: all)")
     greedy.add_argument("--dtypes", default="float32,bfloat16")
     greedy.add_argument("--ea-model", default="random", help="head folder, or 'random' (default)")
     greedy.add_argument("--out", default="evaluation/results")
