@@ -5,7 +5,7 @@ answer the same MT-Bench first turns in turn (alternating which goes first), so 
 the machine's drift between runs.
 
     .venv/bin/python scripts/compare_revisions.py REV [--questions 8] [--temperatures 0 1]
-        [--tree eagle_default] [--max-new-tokens 128] [--name NAME]
+        [--tree eagle_default] [--method eagle|baseline] [--max-new-tokens 128] [--name NAME]
 
 Writes evaluation/results/NAME.md (default engine_vs_REV_<date>_<dtype>).
 """
@@ -50,6 +50,8 @@ def main() -> None:
     parser.add_argument("--questions", type=int, default=8, help="MT-Bench first turns, one per 10 question ids")
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     parser.add_argument("--tree", default="eagle_default", help="a static tree of tree_configs/")
+    parser.add_argument("--method", choices=["eagle", "baseline"], default="eagle",
+                        help="baseline: the engines' plain decoding (no head, no tree)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--name")
@@ -86,11 +88,12 @@ def main() -> None:
         for temperature in args.temperatures:
             totals = {label: [0, 0.0, 0] for label in decoders}  # new tokens, seconds, cycles
             for decoder in decoders.values():  # warm-up
-                decoder.generate(prompts[0], 16, temperature)
+                decoder.generate(prompts[0], 16, temperature, method=args.method)
             for i, prompt in enumerate(prompts):
                 order = list(decoders) if i % 2 == 0 else list(reversed(decoders))
                 for label in order:
-                    result = decoders[label].generate(prompt, args.max_new_tokens, temperature, seed=i)
+                    result = decoders[label].generate(prompt, args.max_new_tokens, temperature, seed=i,
+                                                      method=args.method)
                     totals[label][0] += result.new_tokens
                     totals[label][1] += result.wall_time_s
                     totals[label][2] += result.cycles
@@ -104,12 +107,14 @@ def main() -> None:
     text = "\n".join([
         f"# Engine at {args.revision} against the working tree, {date}", "",
         f"Machine: {machine['cpu']}, {machine['threads']} torch threads, torch {machine['torch']}, {args.dtype}. "
-        f"Embedded default with the shipped head, tree {args.tree}, "
-        f"topk drafter and verifier, draft vocabulary auto; MT-Bench first turns "
+        + (f"Embedded default with the shipped head, tree {args.tree}, topk drafter and verifier, draft vocabulary "
+           "auto; " if args.method == "eagle" else "Embedded default, plain decoding (method baseline); ")
+        + "MT-Bench first turns "
         f"{', '.join(str(q['question_id']) for q in chosen)}, at most {args.max_new_tokens} new tokens, "
         "both engines in one process answering each question in turn (alternating which goes first).", "",
         f"Command: `.venv/bin/python scripts/compare_revisions.py {args.revision} --questions {args.questions} "
-        f"--temperatures {' '.join(f'{t:g}' for t in args.temperatures)} --tree {args.tree}`", "",
+        f"--temperatures {' '.join(f'{t:g}' for t in args.temperatures)} --tree {args.tree} --method {args.method}`",
+        "",
         "| T | engine | new tokens | tau | tokens/s | against the revision |",
         "|---|---|---|---|---|---|", *rows, ""])
     out = ROOT / "evaluation" / "results" / f"{name}.md"
