@@ -55,10 +55,8 @@ def root_rows(target, prompt: list[int], topology, packed: bool) -> dict[int, tu
     try:
         for rows in (1, topology.size + 1):
             cache = engine.preallocated_cache(target.config.num_hidden_layers, length + rows)
-            with torch.inference_mode(), kernels.packed(packed):
-                causal = torch.ones(length, length, dtype=torch.bool).tril_()
-                hidden = decoder(input_ids=ids[None], position_ids=torch.arange(length)[None],
-                                 attention_mask=engine.additive_mask(causal, target.dtype), use_cache=True,
+            with torch.inference_mode(), kernels.packed(packed):  # masks as the engine passes them
+                hidden = decoder(input_ids=ids[None], position_ids=torch.arange(length)[None], use_cache=True,
                                  **{keyword: cache}).last_hidden_state
                 root = target.get_output_embeddings()(hidden[0, -1]).argmax()[None]
                 visible = torch.cat([torch.ones(rows, length, dtype=torch.bool), topology.ancestors[:rows, :rows]], 1)
@@ -66,7 +64,8 @@ def root_rows(target, prompt: list[int], topology, packed: bool) -> dict[int, tu
                 calls.clear()
                 decoder(input_ids=torch.cat([root, drafts[: rows - 1]])[None],
                         position_ids=(length + torch.tensor(topology.depth[:rows]))[None],
-                        attention_mask=engine.additive_mask(visible, target.dtype), use_cache=True, **{keyword: cache})
+                        attention_mask=None if rows == 1 else engine.additive_mask(visible, target.dtype),
+                        use_cache=True, **{keyword: cache})
             results[rows] = (dict(outputs), list(calls))
     finally:
         F.scaled_dot_product_attention = sdpa
@@ -99,8 +98,7 @@ def main() -> None:
         alone = F.scaled_dot_product_attention(query[:, :, :1], key[:, :, :own_keys], value[:, :, :own_keys],
                                                attn_mask=None if mask is None else mask[:, :, :1, :own_keys], **kwargs)
         same_inputs = (torch.equal(step_query.reshape(1, query.shape[1], -1), query[:, :, 0])
-                       and torch.equal(step_key.expand(1, key.shape[1], -1, -1) if step_key.shape[1] == 1 else step_key,
-                                       key[:, :, : step_key.shape[2]]))
+                       and torch.equal(step_key, key[:, :, : step_key.shape[2]]))
         rows_out.append(f"| {question['question_id']} | {len(prompt)} | {first or 'none'} | "
                         f"{'yes' if same_inputs else 'no'} | "
                         f"{'yes' if torch.equal(output[:, :, 0], step_row) else 'no'} | "
@@ -116,7 +114,8 @@ def main() -> None:
         "Where a bf16 tree forward first rounds differently from a one-token step",
         f"{'Packed' if packed else 'Stock'} linear kernels. "
         f"Embedded default in bf16, the first turns of the first {args.questions} MT-Bench questions; after the "
-        "prefill, the greedy next token alone and as the root of an eagle_default tree of random drafts. 'First "
+        "prefill, the greedy next token alone and as the root of an eagle_default tree of random drafts, with the "
+        "masks the engine passes (none for the prefill and the step, as `generate`; the tree's). 'First "
         "module' is the first attention or MLP whose root-row output differs; the other columns test that layer's "
         "attention call in the tree forward: whether its root row's query and the keys it shares with the step "
         "are the step's, and its root-row output against the one-token step's, bit for bit, as the tree computes "
