@@ -34,7 +34,6 @@ def greedy_equivalence(rows_file: Path, question_count: int = 5, max_new_tokens:
     """base_model: a hub id, folder or .gguf file (models.load_target); None, the embedded default."""
     topologies = {name: None if name == BASELINE else dynamic.load(name) for name in trees}  # bad names: now
     torch_dtypes = {dtype: models.parse_dtype(dtype) for dtype in dtypes}
-    rows_file.parent.mkdir(parents=True, exist_ok=True)
     done = {}
     if rows_file.exists():
         for line in rows_file.read_text().splitlines():
@@ -62,6 +61,7 @@ def greedy_equivalence(rows_file: Path, question_count: int = 5, max_new_tokens:
             row = {"dtype": dtype, "question_id": question["question_id"], "tree": tree_name,
                    "identical": result.token_ids == reference, "tokens": result.new_tokens,
                    "first_difference": _first_difference(result.token_ids, reference), "tau": result.tau}
+            rows_file.parent.mkdir(parents=True, exist_ok=True)  # a target that fails to load leaves nothing
             with rows_file.open("a") as handle:
                 handle.write(json.dumps(row) + "\n")
             done[(dtype, question["question_id"], tree_name)] = row

@@ -51,14 +51,15 @@ def root_rows(target, prompt: list[int], topology, packed: bool) -> dict[int, tu
 
     length, ids = len(prompt), torch.tensor(prompt)
     drafts = torch.randint(0, target.config.vocab_size, (topology.size,), generator=torch.Generator().manual_seed(0))
+    cache = engine.preallocated_cache(target.config.num_hidden_layers, length + topology.size + 1)
     F.scaled_dot_product_attention = spy
     try:
-        for rows in (1, topology.size + 1):
-            cache = engine.preallocated_cache(target.config.num_hidden_layers, length + rows)
-            with torch.inference_mode(), kernels.packed(packed):  # masks as the engine passes them
-                hidden = decoder(input_ids=ids[None], position_ids=torch.arange(length)[None], use_cache=True,
-                                 **{keyword: cache}).last_hidden_state
-                root = target.get_output_embeddings()(hidden[0, -1]).argmax()[None]
+        with torch.inference_mode(), kernels.packed(packed):  # masks as the engine passes them
+            hidden = decoder(input_ids=ids[None], position_ids=torch.arange(length)[None], use_cache=True,
+                             **{keyword: cache}).last_hidden_state
+            root = target.get_output_embeddings()(hidden[0, -1]).argmax()[None]
+            for rows in (1, topology.size + 1):
+                engine.keep(cache, length, ids[:0])  # back to the prompt's entries alone
                 visible = torch.cat([torch.ones(rows, length, dtype=torch.bool), topology.ancestors[:rows, :rows]], 1)
                 outputs.clear()
                 calls.clear()
@@ -66,7 +67,7 @@ def root_rows(target, prompt: list[int], topology, packed: bool) -> dict[int, tu
                         position_ids=(length + torch.tensor(topology.depth[:rows]))[None],
                         attention_mask=None if rows == 1 else engine.additive_mask(visible, target.dtype),
                         use_cache=True, **{keyword: cache})
-            results[rows] = (dict(outputs), list(calls))
+                results[rows] = (dict(outputs), list(calls))
     finally:
         F.scaled_dot_product_attention = sdpa
         for handle in handles:
@@ -78,6 +79,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--questions", type=int, default=8)
     args = parser.parse_args()
+    if args.questions < 1:
+        parser.error("--questions must be at least 1")
     target, tokenizer = models.load_target(None, torch.bfloat16)
     packed = kernels.resolve("auto", target.get_output_embeddings().weight)
     if packed:
@@ -99,11 +102,9 @@ def main() -> None:
                                                attn_mask=None if mask is None else mask[:, :, :1, :own_keys], **kwargs)
         same_inputs = (torch.equal(step_query.reshape(1, query.shape[1], -1), query[:, :, 0])
                        and torch.equal(step_key, key[:, :, : step_key.shape[2]]))
+        checks = [same_inputs] + [torch.equal(row[:, :, 0], step_row) for row in (output, cut, alone)]
         rows_out.append(f"| {question['question_id']} | {len(prompt)} | {first or 'none'} | "
-                        f"{'yes' if same_inputs else 'no'} | "
-                        f"{'yes' if torch.equal(output[:, :, 0], step_row) else 'no'} | "
-                        f"{'yes' if torch.equal(cut[:, :, 0], step_row) else 'no'} | "
-                        f"{'yes' if torch.equal(alone[:, :, 0], step_row) else 'no'} |")
+                        + " | ".join("yes" if check else "no" for check in checks) + " |")
         print(rows_out[-1])
     weight = target.get_decoder().layers[0].mlp.gate_proj
     inputs = torch.randn(topology.size + 1, weight.in_features, dtype=torch.bfloat16)
