@@ -90,11 +90,26 @@ def answer(decoder, tokenizer, question: dict, settings: Settings, template=None
 
 
 def read_rows(answer_file: Path) -> list[dict]:
-    """The finished lines of an answer file (none if it does not exist)."""
+    """The finished lines of an answer file (none if it does not exist); a line that is not an answer record
+    (an edited or foreign file: `run` never leaves a partial line) is a one-line error naming it."""
     path = Path(answer_file)
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as error:
+            problem = f"not JSON: {error.msg} at column {error.colno}"
+        else:
+            problem = None if isinstance(row, dict) and "question_id" in row else "no question_id"
+        if problem:
+            raise ValueError(f"answer file {path}, line {number} is not an answer record ({problem}): delete "
+                             f"that line, and `eagle-mdsd bench` answers its question again")
+        rows.append(row)
+    return rows
 
 
 def shard_files(answer_file: Path) -> list[Path]:

@@ -52,6 +52,12 @@ def _count(minimum: int):
     return parse
 
 
+def _check_temperature(value: float, name: str) -> None:
+    from .engine import check_temperature  # imports transformers: only when a command runs
+
+    check_temperature(value, name)
+
+
 def _distribution(text: str, what: str) -> list[float]:
     try:
         values = json.loads(text)
@@ -117,8 +123,7 @@ def _runner(args, device=None):
 
     from . import head, models, suite
 
-    if args.temperature < 0:
-        raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
+    _check_temperature(args.temperature, "--temperature")
     topology = _topology(args) if args.method == "eagle" else None
     verification.check_pair(args.drafter, args.verifier)
     if topology is not None:
@@ -268,8 +273,8 @@ def _floats(text: str, what: str) -> list[float]:
         values = [float(v) for v in text.split(",") if v.strip()]
     except ValueError:
         raise ValueError(f"--{what} must be comma-separated numbers such as 0,0.6,1") from None
-    if any(v < 0 for v in values):
-        raise ValueError(f"--{what} must be >= 0, got {text}")
+    for value in values:
+        _check_temperature(value, f"each of --{what}")
     return values
 
 
@@ -289,8 +294,7 @@ def cmd_benchmark(args) -> None:
 def cmd_sequoia(args) -> None:
     from . import engine, head, models, sequoia
 
-    if args.temperature < 0:
-        raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
+    _check_temperature(args.temperature, "--temperature")
     target, tokenizer = models.load_target(None, models.parse_dtype(args.dtype), args.device)
     draft_head = head.load_head(args.ea_model or models.DEFAULT_HEAD, target)
     eos = models.eos_token_ids(target, tokenizer)
@@ -312,8 +316,7 @@ def cmd_study(args) -> None:
         files = study.collect(Path(args.run), args.positions, args.max_new_tokens, args.dtype)
         print(f"{len(files)} tasks collected in {args.run}")
     if args.stage in ("analyse", "all"):
-        if args.temperature < 0:
-            raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
+        _check_temperature(args.temperature, "--temperature")
         md = study.analyse(Path(args.run), Path(args.out), args.temperature, args.n, args.draws, args.sweep_positions,
                            table_positions=args.table_positions)
         print(md.read_text())
@@ -380,7 +383,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="EAGLE-1 head folder or hub id (default: the shipped head; 'random' for an untrained one)")
     _add_tree_options(gen)
     gen.add_argument("--temperature", type=float, default=0.0)
-    gen.add_argument("--max-new-tokens", type=int, default=128)
+    gen.add_argument("--max-new-tokens", type=_count(1), default=128)
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
     gen.add_argument("--device", default="cpu")
@@ -394,7 +397,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="hub id, folder or .gguf file (default: embedded SmolLM2); the results file is named "
                              "after it")
     greedy.add_argument("--questions", type=_count(1), default=5)
-    greedy.add_argument("--max-new-tokens", type=int, default=128)
+    greedy.add_argument("--max-new-tokens", type=_count(1), default=128)
     greedy.add_argument("--trees", nargs="+", default=list(checks.ALL_TREES),
                         help="trees to check, and 'baseline' for the engine's plain decoding (default: all)")
     greedy.add_argument("--dtypes", default="float32,bfloat16")
@@ -427,7 +430,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "2.09 s full); 'full' (default) scores all tokens")
     train.add_argument("--init-from", default=None,
                        help="train stage: start from this run's checkpoint or exported head, not a random head")
-    train.add_argument("--max-new-tokens", type=int, default=128, help="response length in the data stage")
+    train.add_argument("--max-new-tokens", type=_count(1), default=128, help="response length in the data stage")
     train.add_argument("--batch-size", type=int, default=128,
                        help="generation batch in the data stage (on 2 CPU cores 128 answers 1.2x as fast as 32)")
     train.add_argument("--shard-size", type=int, default=256)
@@ -457,7 +460,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--ea-model", default=None)
     _add_tree_options(run)
     run.add_argument("--temperature", type=float, default=0.0)
-    run.add_argument("--max-new-tokens", type=int, default=128)
+    run.add_argument("--max-new-tokens", type=_count(1), default=128)
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--dtype", default="bfloat16")
     run.add_argument("--device", default="cpu", help="cpu, cuda (one GPU per process under accelerate launch), auto")
@@ -487,7 +490,7 @@ def build_parser() -> argparse.ArgumentParser:
     suite_parser.add_argument("--methods", default=",".join(METHODS))
     suite_parser.add_argument("--dtype", default="bfloat16")
     suite_parser.add_argument("--device", default="cpu")
-    suite_parser.add_argument("--max-new-tokens", type=int, default=128)
+    suite_parser.add_argument("--max-new-tokens", type=_count(1), default=128)
     suite_parser.add_argument("--trees", nargs="+", default=["eagle_default", "chain2"],
                               help="EAGLE runs once per tree (default eagle_default, the goals' tree at T = 0, "
                                    "and chain2, the fastest at T = 0 on a 2-core CPU; dynamic ones with options, "
@@ -518,7 +521,7 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--bench", default="mt_bench")
     sw.add_argument("--questions", type=_count(1), default=8)
     sw.add_argument("--turns", type=_count(0), default=1, help="turns per question (0: all)")
-    sw.add_argument("--max-new-tokens", type=int, default=64)
+    sw.add_argument("--max-new-tokens", type=_count(1), default=64)
     sw.add_argument("--dtype", default="bfloat16")
     sw.add_argument("--device", default="cpu")
     sw.add_argument("--seed", type=int, default=0)
@@ -536,7 +539,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="pick size and depth by predicted tokens/s from timings on this machine")
     seq.add_argument("--temperature", type=float, default=0.0)
     seq.add_argument("--prompts", type=int, default=8, help="held-out training prompts to measure on")
-    seq.add_argument("--max-new-tokens", type=int, default=96)
+    seq.add_argument("--max-new-tokens", type=_count(1), default=96)
     seq.add_argument("--ea-model", default=None)
     seq.add_argument("--draft-vocab", type=_draft_vocab, default="auto", help=DRAFT_VOCAB_HELP)
     seq.add_argument("--dtype", default="bfloat16")
@@ -546,7 +549,7 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("stage", choices=["collect", "analyse", "all"])
     st.add_argument("--run", default="runs/study", help="folder for the collected logits and cached rates")
     st.add_argument("--positions", type=int, default=1024, help="answer positions per task")
-    st.add_argument("--max-new-tokens", type=int, default=128)
+    st.add_argument("--max-new-tokens", type=_count(1), default=128)
     st.add_argument("--dtype", default="bfloat16")
     st.add_argument("--temperature", type=float, default=0.7)
     st.add_argument("--n", type=int, default=3, help="drafts per node for the table")

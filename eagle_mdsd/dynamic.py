@@ -94,6 +94,9 @@ def load(spec: str, **overrides):
         except ValueError:
             raise ValueError(f"tree {spec!r}: {key} must be a number, got {raw!r}") from None
     if name == "eagle2":
+        if values["total_tokens"] < 2:
+            raise ValueError(f"eagle2: --total-tokens (total_tokens) counts the root and its drafts, so it must be "
+                             f"at least 2, got {values['total_tokens']}")
         return make(name, values["total_tokens"] - 1, values["depth"], values["top_k"])
     return make(name, values["nodes"], values["max_depth"], values["top_k"], values["threshold"])
 
@@ -102,7 +105,7 @@ def make(name: str, nodes: int, max_depth: int, top_k: int, threshold: float = 0
     """A dynamic tree spec; every bad value is a one-line error."""
     if name not in NAMES:
         raise ValueError(f"unknown dynamic tree {name!r}: use one of {', '.join(NAMES)}")
-    for label, value in (("nodes (--total-tokens - 1 / --nodes)", nodes), ("depth", max_depth), ("top-k", top_k)):
+    for label, value in (("nodes (--nodes)", nodes), ("depth", max_depth), ("top-k", top_k)):
         if value < 1:
             raise ValueError(f"{name}: {label} must be at least 1, got {value}")
     if nodes > static_trees.MAX_NODES:

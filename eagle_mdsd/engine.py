@@ -29,6 +29,7 @@ tokens include the one sampled from the prefill.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -94,6 +95,12 @@ def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """[q, kv] bool -> [1, 1, q, kv] float mask (0 where visible), used as-is by eager and SDPA attention."""
     mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
     return mask.masked_fill_(~visible, torch.finfo(dtype).min)[None, None]
+
+
+def check_temperature(temperature: float, name: str = "temperature") -> None:
+    """One-line error unless `temperature` is a finite number >= 0 (NaN would otherwise sample garbage)."""
+    if not math.isfinite(temperature) or temperature < 0:
+        raise ValueError(f"{name} must be >= 0 (a finite number), got {temperature}")
 
 
 def warp(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -265,8 +272,7 @@ class Decoder:
 
     def generate(self, prompt_ids, max_new_tokens: int = 128, temperature: float = 0.0, seed: int = 0,
                  method: str = "eagle", profile: bool = False) -> GenerationResult:
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        check_temperature(temperature)
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
         if method not in ("eagle", "baseline"):

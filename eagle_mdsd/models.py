@@ -89,6 +89,9 @@ def load_target(spec: str | None = None, dtype: torch.dtype = torch.float32, dev
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if str(device).startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: torch {torch.__version__} sees no CUDA GPU on this machine "
+                         f"({'no GPU visible' if torch.version.cuda else 'a CPU-only build'}): use --device cpu")
     kwargs = {}
     if spec in (None, EMBEDDED):
         source = _embedded_folder()

@@ -15,7 +15,7 @@ import time
 import torch
 from transformers import GenerationConfig
 
-from .engine import GenerationResult
+from .engine import GenerationResult, check_temperature
 
 METHODS = ("hf_generate", "prompt_lookup")
 
@@ -43,8 +43,7 @@ class TransformersPeer:
                  method: str = "hf_generate", profile: bool = False) -> GenerationResult:
         if method not in METHODS:
             raise ValueError(f"unknown peer method {method!r}: use one of {', '.join(METHODS)}")
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        check_temperature(temperature)
         device = self.target.get_input_embeddings().weight.device
         prompt = torch.as_tensor(prompt_ids, dtype=torch.long, device=device).reshape(1, -1)
         config = self.generation_config(max_new_tokens, temperature, method)

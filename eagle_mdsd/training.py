@@ -232,8 +232,9 @@ def make_data(out_dir: Path, prompt_paths, base_model=None, dtype="bfloat16", ma
               temperature: float = 0.0) -> list[Path]:
     """The target's answers (greedy; sampled at `temperature` > 0, seeded per batch so a rerun repeats them)
     and features, in shards of `shard_size` prompts under out_dir/data; a rerun continues."""
-    if temperature < 0:
-        raise ValueError(f"--temperature must be >= 0, got {temperature}")
+    from .engine import check_temperature
+
+    check_temperature(temperature, "--temperature")
     prompts = load_prompts(prompt_paths)  # bad prompt files fail before the run folder is made
     data_dir = Path(out_dir) / "data"
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -665,7 +666,11 @@ def export(out_dir: Path, destination: Path, base_model=None, compact: bool = Tr
 
     Both carry draft_vocab.json, the answer tokens of the training data ranked by frequency.
     """
-    saved = torch.load(Path(out_dir) / "checkpoint.pt", weights_only=False)
+    checkpoint = Path(out_dir) / "checkpoint.pt"
+    if not checkpoint.exists():
+        raise FileNotFoundError(f"no checkpoint.pt in {out_dir}: run `eagle-mdsd train-head train --run {out_dir}` "
+                                f"first")
+    saved = torch.load(checkpoint, weights_only=False)
     target, _ = models.load_target(base_model, torch.float32)
     draft_head = head_module.random_head(target).float()
     draft_head.load_state_dict(saved["head"])

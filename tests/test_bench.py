@@ -107,6 +107,18 @@ def test_report_recomputes_from_the_files(tmp_path):
     assert cli.main(["report", str(fast), str(slow), "--labels", "a", "--out", str(tmp_path / "cli")]) == 2
 
 
+def test_a_line_that_is_not_an_answer_record_is_a_one_line_error_naming_it(tmp_path):
+    answers = tmp_path / "answers.jsonl"
+    good = json.dumps(_fake_row(1, "x", [10], [1.0], [5]))
+    for bad, problem in (('{"question_id": 2, "choices": [', "not JSON"), ("[1, 2]", "no question_id")):
+        answers.write_text(good + "\n\n" + bad + "\n")
+        with pytest.raises(ValueError, match=f"answers.jsonl, line 3 is not an answer record \\({problem}"):
+            bench.read_rows(answers)  # what report and a resumed bench read
+        assert cli.main(["report", str(answers), "--out", str(tmp_path / "rep")]) == 2
+    answers.write_text(good + "\n")
+    assert [row["question_id"] for row in bench.read_rows(answers)] == [1]
+
+
 def test_report_pairs_tau_per_question_against_the_first_drafting_file(tmp_path):
     def drafted(qid, tokens, cycles):
         row = _fake_row(qid, "x", tokens, [1.0] * len(tokens), cycles)

@@ -86,7 +86,7 @@ def test_dynamic_trees_refuse_pairs_that_would_not_be_exact(tiny, spec, drafter,
 
 @pytest.mark.parametrize("spec, message", [
     ("eagle2:top_k=0", "top-k must be at least 1"),
-    ("eagle2:total_tokens=1", "must be at least 1"),
+    ("eagle2:total_tokens=1", "total_tokens.*must be at least 2, got 1"),
     ("opt_tree:threshold=-1", "--threshold must be >= 0"),
     ("opt_tree:depth=3", "unknown option 'depth'"),
     ("eagle2:depth=two", "depth must be a number"),

@@ -176,6 +176,9 @@ def test_bad_generation_arguments_are_refused(tiny):
     decoder = engine.Decoder(target, draft_head, tree.compile_tree(TREES["wide"]))
     with pytest.raises(ValueError, match="temperature must be >= 0"):
         decoder.generate(PROMPT, 4, -0.5)
+    for value in (float("nan"), float("inf")):  # NaN passed `< 0` and sampled garbage
+        with pytest.raises(ValueError, match=r"temperature must be >= 0 \(a finite number\)"):
+            decoder.generate(PROMPT, 4, value)
     with pytest.raises(ValueError, match=r"exceed the model's context of 64 tokens"):
         decoder.generate(PROMPT * 10, 30, 0.0)
     with pytest.raises(ValueError, match="cannot fill tree"):

@@ -166,6 +166,12 @@ def test_missing_prompt_file_is_a_clear_error(tmp_path):
         training.load_prompts([tmp_path / "nope.json"])
 
 
+def test_exporting_a_run_that_has_not_trained_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no checkpoint.pt in .*: run `eagle-mdsd train-head train --run"):
+        training.export(tmp_path / "untrained", tmp_path / "head")
+    assert not (tmp_path / "head").exists()
+
+
 def test_conversation_prompts_load_as_their_turns_and_benchmark_turns_are_dropped(tmp_path):
     question = questions.load("mt_bench")[0]["turns"][1]
     turns = [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "Blue."}]

@@ -157,6 +157,7 @@ def test_head_that_does_not_fit_is_refused(tmp_path):
     (["--drafter", "without_replacement", "--verifier", "rrs_w"], "not lossless for 'without_replacement'"),
     (["--drafter", "spechub", "--verifier", "spechub"], "cannot fill tree 'eagle_default'"),
     (["--temperature", "-0.5"], "temperature must be >= 0"),
+    (["--temperature", "nan"], "--temperature must be >= 0 (a finite number), got nan"),
     (["--base-model", "some/model"], "--ea-model is required with --base-model some/model"),
     (["--ea-model", "/no/such/head"], "draft head /no/such/head does not exist"),
 ])
@@ -165,6 +166,20 @@ def test_cli_errors_are_one_line(args, message):
                           capture_output=True, text=True)
     assert done.returncode == 2
     assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
+def test_cuda_without_a_gpu_is_a_one_line_error():
+    done = subprocess.run([sys.executable, "-m", "eagle_mdsd.cli", "generate", "--prompt", "hi", "--device", "cuda"],
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "--device cuda" in done.stderr and "use --device cpu" in done.stderr
+
+
+def test_no_new_tokens_is_refused_before_anything_loads():
+    done = subprocess.run([sys.executable, "-m", "eagle_mdsd.cli", "bench", "--max-new-tokens", "0"],
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and "argument --max-new-tokens: must be at least 1, got 0" in done.stderr
 
 
 def test_the_kv_cache_goes_under_the_name_the_model_takes():
