@@ -25,7 +25,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from . import models
+from . import jsonl, models
 
 
 @dataclass(frozen=True)
@@ -90,25 +90,14 @@ def answer(decoder, tokenizer, question: dict, settings: Settings, template=None
 
 
 def read_rows(answer_file: Path) -> list[dict]:
-    """The finished lines of an answer file (none if it does not exist); a line that is not an answer record
-    (an edited or foreign file: `run` never leaves a partial line) is a one-line error naming it."""
-    path = Path(answer_file)
-    if not path.exists():
-        return []
-    rows = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as error:
-            problem = f"not JSON: {error.msg} at column {error.colno}"
-        else:
-            problem = None if isinstance(row, dict) and "question_id" in row else "no question_id"
-        if problem:
-            raise ValueError(f"answer file {path}, line {number} is not an answer record ({problem}): delete "
-                             f"that line, and `eagle-mdsd bench` answers its question again")
-        rows.append(row)
+    """The finished questions of an answer file (none if it does not exist; a line cut short is not one, see
+    jsonl.py); a line that is not an answer record (an edited or foreign file) is a one-line error naming it."""
+    rows = jsonl.records(answer_file)
+    bad = next((i for i, row in enumerate(rows) if not isinstance(row, dict) or "question_id" not in row), None)
+    if bad is not None:
+        number = jsonl.lines(answer_file)[bad][0]
+        raise ValueError(f"answer file {answer_file}, line {number} is not an answer record (no question_id): "
+                         f"delete that line, and `eagle-mdsd bench` answers its question again")
     return rows
 
 
@@ -148,6 +137,7 @@ def run(decoder, tokenizer, questions: list[dict], answer_file: Path, model_id: 
     todo = [q for q in questions[index::count] if q["question_id"] not in done]
     target_file = answer_file if count == 1 else answer_file.with_name(
         f"{answer_file.stem}.shard{index:03d}-of-{count:03d}.jsonl")
+    jsonl.drop_cut_short_line(target_file)
     if todo and warmup:  # first calls pay one-off costs (allocations, kernels): not timed
         decoder.generate(conversation_ids(tokenizer, ["Hello!"], [], template), 16, settings.temperature,
                          settings.seed, settings.method)

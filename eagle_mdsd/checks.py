@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from . import benchmarks, dynamic, engine, head, models, questions
+from . import benchmarks, dynamic, engine, head, jsonl, models, questions
 
 BASELINE = "baseline"  # the engine's plain decoding, in place of a tree: where a difference enters
 ALL_TREES = (BASELINE, "eagle_default", "binary_depth4", "quad_depth3", "chain4", "chain6", "eagle2", "opt_tree",
@@ -35,10 +35,9 @@ def greedy_equivalence(rows_file: Path, question_count: int = 5, max_new_tokens:
     topologies = {name: None if name == BASELINE else dynamic.load(name) for name in trees}  # bad names: now
     torch_dtypes = {dtype: models.parse_dtype(dtype) for dtype in dtypes}
     done = {}
-    if rows_file.exists():
-        for line in rows_file.read_text().splitlines():
-            row = json.loads(line)
-            done[(row["dtype"], row["question_id"], row["tree"])] = row
+    jsonl.drop_cut_short_line(rows_file)
+    for row in jsonl.records(rows_file):
+        done[(row["dtype"], row["question_id"], row["tree"])] = row
     chosen = questions.load("mt_bench")[:question_count]
     for dtype in dtypes:
         todo = [(q, t) for q in chosen for t in trees if (dtype, q["question_id"], t) not in done]

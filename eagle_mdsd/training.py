@@ -35,7 +35,7 @@ import torch
 from tqdm import tqdm
 
 from . import head as head_module
-from . import models, questions
+from . import jsonl, models, questions
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "train_prompts"
 
@@ -122,17 +122,6 @@ def user_turn_prefix(tokenizer) -> list[int]:
     return tokenizer(text[: text.index(marker)], add_special_tokens=False)["input_ids"]
 
 
-def _complete_lines(path: Path) -> list[dict]:
-    """The records of a JSONL file, dropping a last line an interrupt cut short."""
-    if not path.exists():
-        return []
-    text = path.read_text()
-    if text and not text.endswith("\n"):
-        text = text[: text.rfind("\n") + 1]
-        path.write_text(text)
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
-
-
 def self_prompts(out_dir: Path, count: int, base_model=None, dtype: str = "bfloat16", batch_size: int = 64,
                  max_tokens: int = 96, seed: int = 0, max_minutes: float | None = None,
                  openers: list[str] | None = None) -> Path:
@@ -146,7 +135,8 @@ def self_prompts(out_dir: Path, count: int, base_model=None, dtype: str = "bfloa
     """
     path = Path(out_dir) / "self_prompts.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
-    records = _complete_lines(path)
+    jsonl.drop_cut_short_line(path)
+    records = jsonl.records(path)
     seen = {_normalise(r["prompt"]) for r in records} | benchmark_texts()
     next_batch = max((r["batch"] for r in records), default=-1) + 1
     target, tokenizer = models.load_target(base_model, models.parse_dtype(dtype))

@@ -110,9 +110,10 @@ def test_report_recomputes_from_the_files(tmp_path):
 def test_a_line_that_is_not_an_answer_record_is_a_one_line_error_naming_it(tmp_path):
     answers = tmp_path / "answers.jsonl"
     good = json.dumps(_fake_row(1, "x", [10], [1.0], [5]))
-    for bad, problem in (('{"question_id": 2, "choices": [', "not JSON"), ("[1, 2]", "no question_id")):
+    for bad, problem in (('{"question_id": 2, "choices": [', "is not JSON"),
+                         ("[1, 2]", "is not an answer record \\(no question_id")):
         answers.write_text(good + "\n\n" + bad + "\n")
-        with pytest.raises(ValueError, match=f"answers.jsonl, line 3 is not an answer record \\({problem}"):
+        with pytest.raises(ValueError, match=f"answers.jsonl, line 3 {problem}"):
             bench.read_rows(answers)  # what report and a resumed bench read
         assert cli.main(["report", str(answers), "--out", str(tmp_path / "rep")]) == 2
     answers.write_text(good + "\n")
@@ -169,6 +170,47 @@ def test_shards_answer_disjoint_questions_and_merge_sorted(tmp_path, small_chat_
     bench.merge_shards(answer_file)
     assert bench.shard_files(answer_file) == []
     assert [r["question_id"] for r in bench.read_rows(answer_file)] == [81, 82, 83, 84, 85]
+
+
+def test_a_write_cut_short_is_not_a_finished_question_and_the_rerun_drops_it(tmp_path, small_chat_model):
+    target, tokenizer = small_chat_model
+    decoder = engine.Decoder(target)
+    chosen = questions.load("mt_bench")[:3]
+    answer_file = tmp_path / "answers.jsonl"
+    settings = bench.Settings("baseline", max_new_tokens=3, turns=1)
+    bench.run(decoder, tokenizer, chosen[:1], answer_file, "tiny", settings, warmup=False)
+    finished = answer_file.read_text()
+    with answer_file.open("a") as handle:  # the next question's line, cut off inside the write
+        handle.write(finished[: len(finished) // 2].replace('"question_id": 81', '"question_id": 82'))
+    assert bench.finished_ids(answer_file) == {81}
+    bench.run(decoder, tokenizer, chosen, answer_file, "tiny", settings, warmup=False)
+    assert answer_file.read_text().startswith(finished)
+    assert [r["question_id"] for r in bench.read_rows(answer_file)] == [81, 82, 83]
+    # cut short right before its newline: the record is whole but unfinished, answered again
+    answer_file.write_text(answer_file.read_text().rstrip("\n"))
+    assert bench.finished_ids(answer_file) == {81, 82}
+    bench.run(decoder, tokenizer, chosen, answer_file, "tiny", settings, warmup=False)
+    assert [r["question_id"] for r in bench.read_rows(answer_file)] == [81, 82, 83]
+
+
+def test_jsonl_files_skip_and_drop_a_line_cut_short(tmp_path):
+    from eagle_mdsd import jsonl
+
+    path = tmp_path / "rows.jsonl"
+    assert jsonl.records(path) == [] and jsonl.lines(path) == []
+    path.write_text('{"a": 1}\n\n{"a": 2}\n{"a": 3')
+    assert jsonl.records(path) == [{"a": 1}, {"a": 2}] and [n for n, _ in jsonl.lines(path)] == [1, 3]
+    assert path.read_text().endswith('{"a": 3')  # reading writes nothing
+    jsonl.drop_cut_short_line(path)
+    assert path.read_text() == '{"a": 1}\n\n{"a": 2}\n'
+    jsonl.drop_cut_short_line(path)
+    assert path.read_text() == '{"a": 1}\n\n{"a": 2}\n'
+    path.write_text('{"a": 1')  # nothing finished at all
+    jsonl.drop_cut_short_line(path)
+    assert path.read_text() == "" and jsonl.records(path) == []
+    path.write_text('{"a": 1}\n{"a": \n')
+    with pytest.raises(ValueError, match=r"rows.jsonl, line 2 is not JSON \(.*\): delete that line"):
+        jsonl.records(path)
 
 
 def test_fastchat_template_for_models_it_knows(small_chat_model):

@@ -1,0 +1,41 @@
+"""Files of one JSON record a line, appended one write at a time (answer files, check rows, self-written prompts).
+
+A last line without its newline is a write cut short (a kill or a full disk inside the write): it is not a
+record.  Readers skip it; a writer drops it before appending, so that the next record starts a line of its own.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def lines(path: Path) -> list[tuple[int, str]]:
+    """(line number, text) of the file's finished, non-blank lines; none if it does not exist."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    finished = path.read_text().split("\n")[:-1]  # the last piece is "" or a line cut short
+    return [(number, line) for number, line in enumerate(finished, 1) if line.strip()]
+
+
+def records(path: Path) -> list:
+    """The JSON value of each finished line; a line that is not JSON is a one-line error naming it."""
+    values = []
+    for number, line in lines(path):
+        try:
+            values.append(json.loads(line))
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}, line {number} is not JSON ({error.msg} at column {error.colno}): delete "
+                             f"that line, and a rerun writes its record again") from None
+    return values
+
+
+def drop_cut_short_line(path: Path) -> None:
+    """Before appending: cut the file back to its last newline."""
+    path = Path(path)
+    if path.exists() and path.stat().st_size:
+        data = path.read_bytes()
+        if not data.endswith(b"\n"):
+            with path.open("rb+") as handle:
+                handle.truncate(data.rfind(b"\n") + 1)
