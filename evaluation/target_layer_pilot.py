@@ -1,0 +1,136 @@
+"""Pilot: does a head learn more from the same data when its decoder layer starts as the target's last layer?
+
+Heads from scratch on the embedded default are limited by data ("data separates heads at this size":
+fused_features_pilot.py, head_depth_pilot.py).  A pretrained start is knowledge the data need not teach: here
+the head's one decoder layer starts as a copy of the target's last decoder layer (its attention, with the input
+norm's weight folded into the q/k/v projections since the EAGLE-1 layer has no input norm, its post-attention norm
+and its MLP), and fc starts as [random for the token embedding | identity for the feature], so that the layer
+first sees a normalised vector of the target's own width.  Heads trained from scratch on the same data,
+batches and steps with EAGLE-1's loss (`training.head_loss`), at the same rate unless named:
+
+- `random`: every linear layer random (normal, std 0.02), as fused_features_pilot.py's `eagle1` arm;
+- `random_fc_identity`: the same, but fc as in `last_layer` (to tell the two changes apart);
+- `last_layer`: fc as above and the decoder layer copied from the target; also at a fifth of the rate.
+
+`_seed1` arms draw their random layers with another seed, to tell a start's effect from the seed's.
+
+Scored as fused_features_pilot.py scores (teacher-forced at draft depth 1: the target's greedy token as the head's
+top-1 / within its top 4), on a held-out shard and on the target's greedy answers to the 80 MT-Bench first turns;
+the shipped head is scored alongside.
+
+    python evaluation/target_layer_pilot.py --data runs/data-t0 --mt-bench runs/fused/mt_bench_first_turns.pt
+
+The first run's last shard is held out.  One result line per arm in --work/results.jsonl; a rerun skips finished
+arms, then writes the page.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import time
+from pathlib import Path
+
+import torch
+
+import fused_features_pilot as base
+from eagle_mdsd import models
+
+LR = 5e-4  # fused_features_pilot.py's rate from scratch
+# arm: (start, learning rate, initialisation seed); the seed-1 arms tell a start's effect from the seed's
+ARMS = {"shipped": (None, 0.0, 0), "random": ("random", LR, 0), "random_fc_identity": ("random_fc_identity", LR, 0),
+        "last_layer": ("last_layer", LR, 0), "last_layer_lr1e-4": ("last_layer", 1e-4, 0),
+        "random_seed1": ("random", LR, 1), "random_fc_identity_seed1": ("random_fc_identity", LR, 1)}
+
+
+def start_head(arm: str, target, seed: int = 0):
+    """The untrained head (fp32) of start `arm` (random, random_fc_identity, last_layer)."""
+    draft = base.new_head("eagle1", target)
+    if seed:
+        torch.manual_seed(seed)
+        for module in draft.modules():
+            if isinstance(module, torch.nn.Linear):
+                torch.nn.init.normal_(module.weight, std=0.02)
+    if arm == "random":
+        return draft
+    hidden = target.config.hidden_size
+    with torch.no_grad():
+        draft.fc.weight[:, hidden:].copy_(torch.eye(hidden))  # fc input: [embedding, feature]
+        if arm == "last_layer":
+            source, own = target.model.layers[-1], draft.layers[0]
+            scale = source.input_layernorm.weight.float()
+            for name in ("q_proj", "k_proj", "v_proj"):
+                getattr(own.self_attn, name).weight.copy_(getattr(source.self_attn, name).weight.float() * scale)
+            own.self_attn.o_proj.weight.copy_(source.self_attn.o_proj.weight.float())
+            own.post_attention_layernorm.weight.copy_(source.post_attention_layernorm.weight.float())
+            for name in ("gate_proj", "up_proj", "down_proj"):
+                getattr(own.mlp, name).weight.copy_(getattr(source.mlp, name).weight.float())
+    return draft
+
+
+def page(results: list[dict], args, facts: dict) -> str:
+    lines = [f"# The target's last layer as the head's starting point: a pilot, {facts['date']}", "",
+             f"Machine: {facts['machine']}. Command: `python evaluation/target_layer_pilot.py --data "
+             f"{' '.join(args.data)} --mt-bench {args.mt_bench} --epochs {args.epochs:g}`. Six heads from "
+             f"scratch on {facts['train_shards']} shards ({facts['train_sequences']:,} sequences), same batches of "
+             f"4,096 tokens, steps, learning rate schedule (warm-up and cosine) and batch order; EAGLE-1's loss with the shipped "
+             f"head's draft vocabulary in the cross-entropy. `random`: every linear layer random (std 0.02); "
+             f"`random_fc_identity`: fc's feature half the identity; `last_layer`: that fc and the decoder layer "
+             f"copied from the target's last one (input norm weight folded into q/k/v); `_seed1`: the other linear "
+             f"layers drawn with seed 1 instead of 0. {base.scoring_note(facts)} "
+             f"`shipped`: the shipped head, trained on far more data (its earlier versions also saw the default "
+             f"prompts, so its held-out column is not held out).", "",
+             base.data_note(facts), ""] + base.table(results, ("lr", "seed"))
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--data", nargs="+", required=True, help="runs of `eagle-mdsd train-head data`")
+    parser.add_argument("--mt-bench", default="runs/fused/mt_bench_first_turns.pt")
+    parser.add_argument("--epochs", type=float, default=4.0)
+    parser.add_argument("--work", default="runs/target_layer_pilot")
+    parser.add_argument("--out", default=f"evaluation/results/target_layer_pilot_{datetime.date.today()}_bfloat16.md")
+    args = parser.parse_args()
+    runs = [Path(run) for run in args.data]
+    shards = {run: sorted((run / "data").glob("shard_*.pt")) for run in runs}
+    for run, found in shards.items():
+        if len(found) < 2:
+            parser.error(f"{run / 'data'} has {len(found)} data shards, and one is held out: run `eagle-mdsd "
+                         f"train-head data --run {run}` with more prompts")
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    mt_file = Path(args.mt_bench)
+    if not mt_file.exists():
+        target, tokenizer = models.load_target(None, torch.bfloat16)
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        mt_file = base.mt_bench_set(work, target, base.inner_states(target), tokenizer, pad_id)
+    held_out = shards[runs[0]][-1]
+    train_files = [shard for found in shards.values() for shard in found if shard != held_out]
+    target, shipped, draft_rows = base.frozen_target_and_shipped_head()
+    record = work / "results.jsonl"
+    done = base.finished(record)
+    held = torch.load(held_out, weights_only=True)
+    mt = torch.load(mt_file, weights_only=True)
+    for arm in ARMS:
+        if arm in done:
+            continue
+        started = time.monotonic()
+        start, lr, seed = ARMS[arm]
+        if start is None:
+            draft, steps = shipped, 0
+        else:
+            draft, steps = base.train("eagle1", target, train_files, draft_rows, args.epochs, lr,
+                                      draft=start_head(start, target, seed))
+        result = {"arm": arm, "lr": lr, "seed": seed, "steps": steps,
+                  "train_s": round(time.monotonic() - started) if steps else 0}
+        done[arm] = base.score_and_record(result, draft, "eagle1", target, held, mt, record)
+    facts = {**base.run_facts(runs, train_files), "held_out": f"{held_out.parent.parent.name}/{held_out.name}"}
+    trained = {arm: {"lr": f"{lr:g}", "seed": seed} if start else {"lr": "-", "seed": "-"}
+               for arm, (start, lr, seed) in ARMS.items()}
+    Path(args.out).write_text(page([done[arm] | trained[arm] for arm in ARMS], args, facts))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
