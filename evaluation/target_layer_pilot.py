@@ -21,12 +21,14 @@ the shipped head is scored alongside.
     python evaluation/target_layer_pilot.py --data runs/data-t0 --mt-bench runs/fused/mt_bench_first_turns.pt
 
 The first run's last shard is held out.  One result line per arm in --work/results.jsonl; a rerun skips finished
-arms, then writes the page.
+arms, then writes the page.  Each trained head is exported (--work/ARM, the compact format with the shipped draft
+vocabulary), so `eagle-mdsd bench --ea-model` can measure its tau.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import datetime
 import time
 from pathlib import Path
@@ -34,6 +36,7 @@ from pathlib import Path
 import torch
 
 import fused_features_pilot as base
+from eagle_mdsd import head as head_module
 from eagle_mdsd import models
 
 LR = 5e-4  # fused_features_pilot.py's rate from scratch
@@ -122,6 +125,8 @@ def main() -> None:
         else:
             draft, steps = base.train("eagle1", target, train_files, draft_rows, args.epochs, lr,
                                       draft=start_head(start, target, seed))
+            draft.draft_vocab = shipped.draft_vocab  # exported for `eagle-mdsd bench --ea-model WORK/ARM`
+            head_module.save_head(copy.deepcopy(draft).half(), work / arm, safetensors=True)
         result = {"arm": arm, "lr": lr, "seed": seed, "steps": steps,
                   "train_s": round(time.monotonic() - started) if steps else 0}
         done[arm] = base.score_and_record(result, draft, "eagle1", target, held, mt, record)
