@@ -13,7 +13,7 @@ from pathlib import Path
 # faults took ~40% of the time on our 2-core machine (3.9 s a step against 2.3 s with huge pages).
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
-from . import checks, drafting, kernels, theory, verification  # noqa: E402  (imports torch)
+from . import checks, drafting, engine, kernels, theory, verification  # noqa: E402  (imports torch)
 
 METHODS = ["eagle", "baseline", "hf_generate", "prompt_lookup"]
 DRAFT_VOCAB_HELP = ("draft over the head's N most frequent tokens (FR-Spec; q is 0 elsewhere, still exact): N, "
@@ -50,12 +50,6 @@ def _count(minimum: int):
             raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
         return value
     return parse
-
-
-def _check_temperature(value: float, name: str) -> None:
-    from .engine import check_temperature  # imports transformers: only when a command runs
-
-    check_temperature(value, name)
 
 
 def _distribution(text: str, what: str) -> list[float]:
@@ -123,7 +117,7 @@ def _runner(args, device=None):
 
     from . import head, models, suite
 
-    _check_temperature(args.temperature, "--temperature")
+    engine.check_temperature(args.temperature, "--temperature")
     topology = _topology(args) if args.method == "eagle" else None
     verification.check_pair(args.drafter, args.verifier)
     if topology is not None:
@@ -274,7 +268,7 @@ def _floats(text: str, what: str) -> list[float]:
     except ValueError:
         raise ValueError(f"--{what} must be comma-separated numbers such as 0,0.6,1") from None
     for value in values:
-        _check_temperature(value, f"each of --{what}")
+        engine.check_temperature(value, f"each of --{what}")
     return values
 
 
@@ -292,9 +286,9 @@ def cmd_benchmark(args) -> None:
 
 
 def cmd_sequoia(args) -> None:
-    from . import engine, head, models, sequoia
+    from . import head, models, sequoia
 
-    _check_temperature(args.temperature, "--temperature")
+    engine.check_temperature(args.temperature, "--temperature")
     target, tokenizer = models.load_target(None, models.parse_dtype(args.dtype), args.device)
     draft_head = head.load_head(args.ea_model or models.DEFAULT_HEAD, target)
     eos = models.eos_token_ids(target, tokenizer)
@@ -316,7 +310,7 @@ def cmd_study(args) -> None:
         files = study.collect(Path(args.run), args.positions, args.max_new_tokens, args.dtype)
         print(f"{len(files)} tasks collected in {args.run}")
     if args.stage in ("analyse", "all"):
-        _check_temperature(args.temperature, "--temperature")
+        engine.check_temperature(args.temperature, "--temperature")
         md = study.analyse(Path(args.run), Path(args.out), args.temperature, args.n, args.draws, args.sweep_positions,
                            table_positions=args.table_positions)
         print(md.read_text())

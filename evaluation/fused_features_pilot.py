@@ -96,6 +96,19 @@ def mt_bench_set(work: Path, target, kept: dict, tokenizer, pad_id: int) -> Path
     return dest
 
 
+def held_out_sets(shards: dict, mt_bench: Path, work: Path) -> tuple[list[Path], Path, list[dict], list[dict]]:
+    """(training shards, held-out shard, its samples, the MT-Bench samples) for the pilots that build on this one:
+    `shards` {run: its shard files}, the first run's last shard held out; the MT-Bench set read from `mt_bench`, or
+    made under `work` when missing."""
+    if not Path(mt_bench).exists():
+        target, tokenizer = models.load_target(None, torch.bfloat16)
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        mt_bench = mt_bench_set(work, target, inner_states(target), tokenizer, pad_id)
+    held_out = next(iter(shards.values()))[-1]
+    train_files = [shard for found in shards.values() for shard in found if shard != held_out]
+    return train_files, held_out, torch.load(held_out, weights_only=True), torch.load(mt_bench, weights_only=True)
+
+
 class FusedInputHead(head_module.EagleHead):
     """The EAGLE-1 head with fc over (embedding, low, mid, final) instead of (embedding, final)."""
 

@@ -37,7 +37,6 @@ import torch
 
 import fused_features_pilot as base
 from eagle_mdsd import head as head_module
-from eagle_mdsd import models
 
 LR = 5e-4  # fused_features_pilot.py's rate from scratch
 # arm: (start, learning rate, initialisation seed); the seed-1 arms tell a start's effect from the seed's
@@ -103,18 +102,10 @@ def main() -> None:
                          f"train-head data --run {run}` with more prompts")
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    mt_file = Path(args.mt_bench)
-    if not mt_file.exists():
-        target, tokenizer = models.load_target(None, torch.bfloat16)
-        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        mt_file = base.mt_bench_set(work, target, base.inner_states(target), tokenizer, pad_id)
-    held_out = shards[runs[0]][-1]
-    train_files = [shard for found in shards.values() for shard in found if shard != held_out]
+    train_files, held_out, held, mt = base.held_out_sets(shards, Path(args.mt_bench), work)
     target, shipped, draft_rows = base.frozen_target_and_shipped_head()
     record = work / "results.jsonl"
     done = base.finished(record)
-    held = torch.load(held_out, weights_only=True)
-    mt = torch.load(mt_file, weights_only=True)
     for arm in ARMS:
         if arm in done:
             continue
