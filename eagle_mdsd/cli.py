@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -59,7 +60,13 @@ def _distribution(text: str, what: str) -> list[float]:
         raise ValueError(f"--{what} must be a JSON list of probabilities such as [0.5, 0.3, 0.2]") from None
     if not isinstance(values, list) or not values or not all(isinstance(v, (int, float)) for v in values):
         raise ValueError(f"--{what} must be a JSON list of probabilities such as [0.5, 0.3, 0.2]")
-    return [float(v) for v in values]
+    values = [float(v) for v in values]
+    if not all(math.isfinite(v) and v >= 0 for v in values):
+        raise ValueError(f"--{what} must hold finite, non-negative probabilities, got {text}")
+    total = math.fsum(values)
+    if abs(total - 1) > 1e-6:  # a typo in one entry would otherwise be normalised away unseen
+        raise ValueError(f"--{what} sums to {total:g}, not 1: give probabilities that add up to 1")
+    return values
 
 
 def cmd_pairs(args) -> None:
@@ -367,7 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
     acc = sub.add_parser("acceptance", help="acceptance of every pair and alpha* for one node's p and q")
     acc.add_argument("--p", required=True, help="target distribution, JSON list")
     acc.add_argument("--q", required=True, help="draft distribution, JSON list")
-    acc.add_argument("--n", type=int, default=2, help="number of drafts (default 2)")
+    acc.add_argument("--n", type=_count(1), default=2, help="number of drafts (default 2)")
     acc.add_argument("--json", action="store_true")
     acc.set_defaults(fn=cmd_acceptance)
     gen = sub.add_parser("generate", help="answer one prompt with speculative (or plain) decoding")

@@ -176,6 +176,31 @@ def test_cuda_without_a_gpu_is_a_one_line_error():
     assert "--device cuda" in done.stderr and "use --device cpu" in done.stderr
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--p", "[0.5, 0.6]", "--q", "[0.5, 0.5]"], "--p sums to 1.1, not 1"),  # was normalised away, acceptance 1.0
+    (["--p", "[0.5, 0.5]", "--q", "[0.5, NaN]"], "--q must hold finite, non-negative probabilities"),
+    (["--p", "[0.5, 0.5]", "--q", "[1.5, -0.5]"], "--q must hold finite, non-negative probabilities"),
+])
+def test_acceptance_refuses_what_is_not_a_distribution(args, message, capsys):
+    from eagle_mdsd import cli
+
+    assert cli.main(["acceptance", *args]) == 2
+    error = capsys.readouterr().err
+    assert message in error and len(error.strip().splitlines()) == 1, error
+
+
+def test_acceptance_takes_probabilities_that_add_up_to_1_within_rounding(capsys):
+    from eagle_mdsd import cli
+
+    tenth = json.dumps([0.1] * 10)  # sums to 0.9999999999999999 in floating point
+    assert cli.main(["acceptance", "--p", tenth, "--q", tenth, "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert {(row["scheme"], row["verifier"]) for row in rows} >= {("topk", "topk"), ("without_replacement", "rrs_wo")}
+    with pytest.raises(SystemExit):  # no drafts: the parser refuses it (printed an empty table)
+        cli.main(["acceptance", "--p", tenth, "--q", tenth, "--n", "0"])
+    assert "argument --n: must be at least 1, got 0" in capsys.readouterr().err
+
+
 def test_no_new_tokens_is_refused_before_anything_loads():
     done = subprocess.run([sys.executable, "-m", "eagle_mdsd.cli", "bench", "--max-new-tokens", "0"],
                           capture_output=True, text=True)
