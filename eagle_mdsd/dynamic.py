@@ -73,6 +73,10 @@ DEFAULTS = {"eagle2": {"total_tokens": 60, "depth": 6, "top_k": 10},
             "opt_tree": {"nodes": 40, "threshold": 0.1, "max_depth": 10, "top_k": 8}}
 
 
+def _flag(option: str) -> str:
+    return "--" + option.replace("_", "-")
+
+
 def load(spec: str, **overrides):
     """A static tree (tree.load) or a dynamic one: 'eagle2', 'opt_tree', or with options such as
     'eagle2:total_tokens=16,depth=5,top_k=4'; `overrides` (CLI flags, None = unset) apply first.
@@ -81,10 +85,19 @@ def load(spec: str, **overrides):
     if tokens is not None:
         return lookup.LookupTree(load(base, **overrides), tokens)
     name, _, options = spec.partition(":")
+    given = {key: value for key, value in overrides.items() if value is not None}
+    flags = ", ".join(_flag(key) for key in given)
     if name not in NAMES:
+        if given:
+            raise ValueError(f"{flags} shape dynamic trees ({', '.join(NAMES)}), not tree {spec!r}: drop "
+                             f"{'it' if len(given) == 1 else 'them'} or pick a dynamic tree")
         return static_trees.load(spec)
     values = dict(DEFAULTS[name])
-    values.update({key: value for key, value in overrides.items() if key in values and value is not None})
+    unused = [key for key in given if key not in values]
+    if unused:
+        raise ValueError(f"{name} does not take {', '.join(_flag(key) for key in unused)} (it takes "
+                         f"{', '.join(_flag(key) for key in values)}): drop it")
+    values.update(given)
     for item in filter(None, options.split(",")):
         key, _, raw = item.partition("=")
         if key not in values:

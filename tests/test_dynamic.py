@@ -96,6 +96,25 @@ def test_bad_dynamic_trees_are_one_line_errors(spec, message):
         dynamic.load(spec)
 
 
+@pytest.mark.parametrize("spec, overrides, message", [
+    ("eagle_default", {"total_tokens": 16}, r"--total-tokens shape dynamic trees .*not tree 'eagle_default': drop it"),
+    ("chain2+lookup", {"depth": 3, "top_k": 4}, r"--depth, --top-k shape dynamic trees .*not tree 'chain2': drop them"),
+    ("eagle2", {"nodes": 8}, r"eagle2 does not take --nodes \(it takes --total-tokens, --depth, --top-k\)"),
+    ("opt_tree", {"total_tokens": 8, "nodes": 8}, r"opt_tree does not take --total-tokens"),
+])
+def test_dynamic_tree_flags_that_do_not_shape_the_tree_are_refused(spec, overrides, message):
+    """They were dropped unseen (`--total-tokens 16` beside the default static tree decoded eagle_default)."""
+    with pytest.raises(ValueError, match=message):
+        dynamic.load(spec, **overrides)
+    unset = dict.fromkeys(overrides)  # the CLI passes None for flags it was not given: no error then
+    assert repr(dynamic.load(spec, **unset)) == repr(dynamic.load(spec))
+
+
+def test_flags_shape_the_dynamic_tree_they_belong_to():
+    assert dynamic.load("eagle2", total_tokens=9, depth=3, top_k=None) == dynamic.make("eagle2", 8, 3, 10)
+    assert dynamic.load("opt_tree", nodes=12, threshold=0.5) == dynamic.make("opt_tree", 12, 10, 8, 0.5)
+
+
 def _grown(seed: int, spec: dynamic.DynamicTree, vocab: int = 6):
     """Candidates grown from random q's (the expand callback stands in for the head)."""
     gen = torch.Generator().manual_seed(seed)
