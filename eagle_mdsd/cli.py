@@ -296,6 +296,7 @@ def cmd_sequoia(args) -> None:
     from . import head, models, sequoia
 
     engine.check_temperature(args.temperature, "--temperature")
+    sequoia.output_path(args.name)  # a bad --name before the model loads
     target, tokenizer = models.load_target(None, models.parse_dtype(args.dtype), args.device)
     draft_head = head.load_head(args.ea_model or models.DEFAULT_HEAD, target)
     eos = models.eos_token_ids(target, tokenizer)
@@ -534,12 +535,12 @@ def build_parser() -> argparse.ArgumentParser:
     sw.set_defaults(fn=cmd_sweep)
     seq = sub.add_parser("sequoia", help="measure the acceptance by child rank, write the best static tree")
     seq.add_argument("--name", default="sequoia", help="writes tree_configs/NAME.json")
-    seq.add_argument("--max-nodes", type=int, default=32)
-    seq.add_argument("--max-depth", type=int, default=8)
+    seq.add_argument("--max-nodes", type=_count(2), default=32)
+    seq.add_argument("--max-depth", type=_count(1), default=8)
     seq.add_argument("--hardware-aware", action="store_true",
                      help="pick size and depth by predicted tokens/s from timings on this machine")
     seq.add_argument("--temperature", type=float, default=0.0)
-    seq.add_argument("--prompts", type=int, default=8, help="held-out training prompts to measure on")
+    seq.add_argument("--prompts", type=_count(1), default=8, help="held-out training prompts to measure on")
     seq.add_argument("--max-new-tokens", type=_count(1), default=96)
     seq.add_argument("--ea-model", default=None)
     seq.add_argument("--draft-vocab", type=_draft_vocab, default="auto", help=DRAFT_VOCAB_HELP)

@@ -165,6 +165,7 @@ def build(decoder_for, tokenizer, name: str, max_nodes: int, max_depth: int, har
           temperature: float = 0.0, prompts: int = 8, max_new_tokens: int = 96, width: int = 8,
           out_dir: Path = trees.TREE_DIR) -> Path:
     """Measure a_i (and timings), pick the tree, write out_dir/NAME.json with how it was made."""
+    out = output_path(name, out_dir)  # before minutes of measuring
     measuring = decoder_for(measuring_tree(width, min(max_depth, 4)))
     chosen_prompts = held_out_prompts(tokenizer, prompts)
     acceptance, visits = measure_acceptance(measuring, chosen_prompts, max_new_tokens, temperature)
@@ -182,6 +183,22 @@ def build(decoder_for, tokenizer, name: str, max_nodes: int, max_depth: int, har
               "acceptance": acceptance, "visits": visits, "temperature": temperature,
               "max_nodes": max_nodes, "max_depth": max_depth, "hardware_aware": hardware_aware,
               "timings": timings, "verify_s": verify_s}
-    out = Path(out_dir) / f"{name}.json"
     out.write_text(json.dumps(record, indent=1) + "\n")
+    return out
+
+
+def output_path(name: str, out_dir: Path = trees.TREE_DIR) -> Path:
+    """out_dir/NAME.json; NAME must be a plain file name, and an existing tree there one that Sequoia wrote
+    (a rerun may replace it, a hand-written topology such as eagle_default is kept)."""
+    if not name or name.startswith(".") or Path(name).name != name or "\\" in name:
+        raise ValueError(f"--name {name!r} must be a plain file name such as my_tree (written to "
+                         f"{Path(out_dir).name}/NAME.json)")
+    out = Path(out_dir) / f"{name}.json"
+    if out.exists():
+        try:
+            written_by_sequoia = "hardware_aware" in json.loads(out.read_text())
+        except (json.JSONDecodeError, TypeError):
+            written_by_sequoia = False
+        if not written_by_sequoia:
+            raise ValueError(f"{Path(out_dir).name}/{name}.json is a tree Sequoia did not write: pick another --name")
     return out

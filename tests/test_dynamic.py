@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import math
 
 import pytest
@@ -191,6 +192,22 @@ def test_sequoia_dynamic_programme_matches_brute_force():
             assert value[n, levels] == pytest.approx(best, abs=1e-12)
             assert _expected(paths(n, levels), acceptance) == pytest.approx(best, abs=1e-12)
             assert len(paths(n, levels)) == n - 1
+
+
+def test_sequoia_writes_only_a_plain_name_and_never_over_a_hand_written_tree(tmp_path):
+    """A name with a path in it failed with a bare Errno after minutes of measuring; --name eagle_default
+    overwrote the shipped topology."""
+    for name in ("a/b", "../up", ".hidden", ""):
+        with pytest.raises(ValueError, match="must be a plain file name"):
+            sequoia.output_path(name, tmp_path)
+    (tmp_path / "mine.json").write_text(json.dumps({"paths": [[0]], "description": "by hand"}))
+    with pytest.raises(ValueError, match="mine.json is a tree Sequoia did not write: pick another --name"):
+        sequoia.output_path("mine", tmp_path)
+    (tmp_path / "measured.json").write_text(json.dumps({"paths": [[0]], "hardware_aware": False}))
+    assert sequoia.output_path("measured", tmp_path) == tmp_path / "measured.json"  # a rerun replaces its own
+    assert sequoia.output_path("new", tmp_path) == tmp_path / "new.json"
+    with pytest.raises(ValueError, match="eagle_default.json is a tree Sequoia did not write"):
+        sequoia.output_path("eagle_default")
 
 
 def test_hardware_aware_choice_trades_tokens_for_time():
