@@ -513,3 +513,22 @@ def test_multi_step_training_from_a_trained_head(tmp_path):
     with pytest.raises(FileNotFoundError, match="--init-from"):
         training.train(tmp_path / "other", model, data_from=[tmp_path / "own"], init_from=tmp_path / "nothing",
                        **settings)
+
+
+@pytest.mark.parametrize("option, value, message", [
+    ("--lr", "-1", "must be a number above 0, got -1"),  # trained with the gradient's sign flipped
+    ("--epochs", "0", "must be a number above 0, got 0"),
+    ("--max-minutes", "nan", "must be a number above 0, got nan"),
+    ("--tokens-per-batch", "0", "must be at least 1, got 0"),
+    ("--batch-size", "0", "must be at least 1, got 0"),
+    ("--shard-size", "0", "must be at least 1, got 0"),
+    ("--count", "0", "must be at least 1, got 0"),
+    ("--max-prompts", "0", "must be at least 1, got 0"),
+])
+def test_train_head_numbers_out_of_range_are_refused_by_the_parser(option, value, message, capsys):
+    from eagle_mdsd import cli
+
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["train-head", "train", option, value])
+    assert f"argument {option}: {message}" in capsys.readouterr().err
+    assert cli.build_parser().parse_args(["train-head", "train", option, "3"])  # a number in range is taken
