@@ -307,7 +307,7 @@ def cmd_sequoia(args) -> None:
     from . import head, models, sequoia
 
     engine.check_temperature(args.temperature, "--temperature")
-    sequoia.output_path(args.name)  # a bad --name before the model loads
+    out = sequoia.output_path(args.name)  # a bad --name before the model loads
     target, tokenizer = models.load_target(None, models.parse_dtype(args.dtype), args.device)
     draft_head = head.load_head(args.ea_model or models.DEFAULT_HEAD, target)
     eos = models.eos_token_ids(target, tokenizer)
@@ -315,9 +315,8 @@ def cmd_sequoia(args) -> None:
     def decoder_for(topology):
         return engine.Decoder(target, draft_head, topology, eos_token_ids=eos, draft_vocab=args.draft_vocab)
 
-    out = sequoia.build(decoder_for, tokenizer, args.name, args.max_nodes, args.max_depth, args.hardware_aware,
-                        args.temperature, args.prompts, args.max_new_tokens)
-    record = json.loads(out.read_text())
+    record = sequoia.build(decoder_for, tokenizer, out, args.max_nodes, args.max_depth, args.hardware_aware,
+                           args.temperature, args.prompts, args.max_new_tokens)
     print(f"wrote {out}: {record['description']}; acceptance by rank "
           f"{', '.join(f'{a:.3f}' for a in record['acceptance'])} ({record['visits']} nodes)")
 

@@ -73,8 +73,9 @@ DEFAULTS = {"eagle2": {"total_tokens": 60, "depth": 6, "top_k": 10},
             "opt_tree": {"nodes": 40, "threshold": 0.1, "max_depth": 10, "top_k": 8}}
 
 
-def _flag(option: str) -> str:
-    return "--" + option.replace("_", "-")
+def _flags(options) -> str:
+    """The CLI flags of options: ['total_tokens', 'top_k'] -> '--total-tokens, --top-k'."""
+    return ", ".join("--" + option.replace("_", "-") for option in options)
 
 
 def load(spec: str, **overrides):
@@ -86,17 +87,16 @@ def load(spec: str, **overrides):
         return lookup.LookupTree(load(base, **overrides), tokens)
     name, _, options = spec.partition(":")
     given = {key: value for key, value in overrides.items() if value is not None}
-    flags = ", ".join(_flag(key) for key in given)
     if name not in NAMES:
         if given:
-            raise ValueError(f"{flags} shape dynamic trees ({', '.join(NAMES)}), not tree {spec!r}: drop "
+            raise ValueError(f"{_flags(given)} shape dynamic trees ({', '.join(NAMES)}), not tree {spec!r}: drop "
                              f"{'it' if len(given) == 1 else 'them'} or pick a dynamic tree")
         return static_trees.load(spec)
     values = dict(DEFAULTS[name])
     unused = [key for key in given if key not in values]
     if unused:
-        raise ValueError(f"{name} does not take {', '.join(_flag(key) for key in unused)} (it takes "
-                         f"{', '.join(_flag(key) for key in values)}): drop it")
+        raise ValueError(f"{name} does not take {_flags(unused)} (it takes {_flags(values)}): drop "
+                         f"{'it' if len(unused) == 1 else 'them'}")
     values.update(given)
     for item in filter(None, options.split(",")):
         key, _, raw = item.partition("=")

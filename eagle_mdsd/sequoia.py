@@ -161,11 +161,10 @@ def held_out_prompts(tokenizer, count: int, seed: int = 0) -> list[list[int]]:
     return [models.chat_prompt_ids(tokenizer, p["prompt"]) for p in pool[-count:]]
 
 
-def build(decoder_for, tokenizer, name: str, max_nodes: int, max_depth: int, hardware_aware: bool,
-          temperature: float = 0.0, prompts: int = 8, max_new_tokens: int = 96, width: int = 8,
-          out_dir: Path = trees.TREE_DIR) -> Path:
-    """Measure a_i (and timings), pick the tree, write out_dir/NAME.json with how it was made."""
-    out = output_path(name, out_dir)  # before minutes of measuring
+def build(decoder_for, tokenizer, out: Path, max_nodes: int, max_depth: int, hardware_aware: bool,
+          temperature: float = 0.0, prompts: int = 8, max_new_tokens: int = 96, width: int = 8) -> dict:
+    """Measure a_i (and timings), pick the tree, write it to `out` (from output_path) with how it was made;
+    returns what was written."""
     measuring = decoder_for(measuring_tree(width, min(max_depth, 4)))
     chosen_prompts = held_out_prompts(tokenizer, prompts)
     acceptance, visits = measure_acceptance(measuring, chosen_prompts, max_new_tokens, temperature)
@@ -184,7 +183,7 @@ def build(decoder_for, tokenizer, name: str, max_nodes: int, max_depth: int, har
               "max_nodes": max_nodes, "max_depth": max_depth, "hardware_aware": hardware_aware,
               "timings": timings, "verify_s": verify_s}
     out.write_text(json.dumps(record, indent=1) + "\n")
-    return out
+    return record
 
 
 def output_path(name: str, out_dir: Path = trees.TREE_DIR) -> Path:
