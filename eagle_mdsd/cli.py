@@ -200,10 +200,10 @@ def _openers(path) -> list[str] | None:
     if path is None:
         return None
     if not Path(path).is_file():
-        raise SystemExit(f"openers file {path} does not exist: give a text file with one message opener a line")
+        raise ValueError(f"openers file {path} does not exist: give a text file with one message opener a line")
     openers = [line.strip() for line in Path(path).read_text().splitlines() if line.strip()]
     if not openers:
-        raise SystemExit(f"openers file {path} has no lines: write one message opener a line (e.g. 'Write a')")
+        raise ValueError(f"openers file {path} has no lines: write one message opener a line (e.g. 'Write a')")
     return openers
 
 
@@ -573,7 +573,7 @@ def build_parser() -> argparse.ArgumentParser:
     st.set_defaults(fn=cmd_study)
     bench = sub.add_parser("bench-core", help="time one node's drafting/verification and alpha* on this machine")
     bench.add_argument("--out", default="evaluation/results", help="results folder")
-    bench.add_argument("--max-drafts", type=int, default=8, help="largest n timed (default 8)")
+    bench.add_argument("--max-drafts", type=_count(2), default=8, help="largest n timed, from 2 (default 8)")
     bench.set_defaults(fn=cmd_bench_core)
     return parser
 

@@ -230,3 +230,26 @@ def test_the_kv_cache_goes_under_the_name_the_model_takes():
         eagle = decoder.generate([1, 2, 3], 8, 0.0)
         plain = decoder.generate([1, 2, 3], 8, 0.0, method="baseline")
     assert eagle.token_ids == plain.token_ids
+
+
+def test_a_missing_or_empty_openers_file_is_the_usual_one_line_error(tmp_path, capsys):
+    """It ended with exit code 1 and no 'eagle-mdsd: error:' prefix (a bare SystemExit)."""
+    from eagle_mdsd import cli
+
+    empty = tmp_path / "openers.txt"
+    empty.write_text("\n  \n")
+    for openers, message in ((tmp_path / "none.txt", "does not exist"), (empty, "has no lines")):
+        assert cli.main(["train-head", "prompts", "--run", str(tmp_path / "run"), "--openers", str(openers)]) == 2
+        error = capsys.readouterr().err
+        assert error.startswith("eagle-mdsd: error: openers file") and message in error, error
+    assert not (tmp_path / "run").exists()  # refused before anything is written
+
+
+def test_bench_core_needs_two_drafts_to_time(capsys):
+    """With --max-drafts below 2 it timed nothing and still wrote the day's results page, replacing any real run of that
+    day."""
+    from eagle_mdsd import cli
+
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["bench-core", "--max-drafts", "1"])
+    assert "argument --max-drafts: must be at least 2, got 1" in capsys.readouterr().err
