@@ -211,22 +211,24 @@ def cmd_train_head(args) -> None:
     from . import training
 
     out = Path(args.run)
+    # both recipes are checked before any stage runs, so `all` does not fail on a training option after the data
+    data_recipe = training.DataRecipe(max_prompts=args.max_prompts, max_new_tokens=args.max_new_tokens,
+                                      batch_size=args.batch_size, shard_size=args.shard_size,
+                                      mix_reference=args.mix_reference, temperature=args.data_temperature)
+    train_recipe = training.TrainRecipe(epochs=args.epochs, lr=args.lr, tokens_per_batch=args.tokens_per_batch,
+                                        seed=args.seed, data_from=args.data_from, unroll=args.unroll,
+                                        init_from=args.init_from, token_weight=args.token_weight,
+                                        draft_vocab=args.train_draft_vocab, token_loss=args.token_loss)
     if args.stage == "prompts":
         path = training.self_prompts(out, args.count, args.base_model, args.dtype, seed=args.seed,
                                      max_minutes=args.max_minutes, openers=_openers(args.openers))
         print(f"{len(training.load_prompts([path]))} self-written prompts in {path}")
     if args.stage in ("data", "all"):
         prompts = args.prompts or [training.DEFAULT_PROMPTS]
-        shards = training.make_data(out, prompts, args.base_model, args.dtype, args.max_prompts,
-                                    args.max_new_tokens, args.batch_size, args.shard_size, args.mix_reference,
-                                    max_minutes=args.max_minutes, temperature=args.data_temperature)
+        shards = training.make_data(out, prompts, data_recipe, args.base_model, args.dtype, args.max_minutes)
         print(f"{len(shards)} data shards in {out / 'data'}")
     if args.stage in ("train", "all"):
-        state = training.train(out, args.base_model, args.epochs, args.lr, args.tokens_per_batch,
-                               max_minutes=args.max_minutes, seed=args.seed, device=args.device,
-                               data_from=args.data_from, unroll=args.unroll, init_from=args.init_from,
-                               token_weight=args.token_weight, draft_vocab=args.train_draft_vocab,
-                               token_loss=args.token_loss)
+        state = training.train(out, train_recipe, args.base_model, args.device, args.max_minutes)
         recent = state["log"][-20:]
         if recent:
             print(f"step {state['step']}: loss {sum(r['loss'] for r in recent) / len(recent):.4f}, "
@@ -293,11 +295,13 @@ def _floats(text: str, what: str) -> list[float]:
 def cmd_benchmark(args) -> None:
     from . import suite
 
-    result = suite.run_benchmark(Path(args.out), Path(args.answers), args.bench, None if args.all else args.questions,
-                                 _floats(args.temperatures, "temperatures"), args.methods.split(","), args.dtype,
-                                 args.device, args.max_new_tokens, args.trees,
-                                 args.drafter, args.verifier, args.seed, args.draft_vocab, args.name,
-                                 args.sampling_pair, args.kernels, args.sampling_tree)
+    plan = suite.BenchmarkPlan(
+        bench_name=args.bench, count=None if args.all else args.questions,
+        temperatures=tuple(_floats(args.temperatures, "temperatures")), methods=tuple(args.methods.split(",")),
+        trees=tuple(args.trees), drafter=args.drafter, verifier=args.verifier, sampling_pair=args.sampling_pair,
+        sampling_tree=args.sampling_tree, draft_vocab=args.draft_vocab, kernels_choice=args.kernels, dtype=args.dtype,
+        device=args.device, max_new_tokens=args.max_new_tokens, seed=args.seed, name=args.name)
+    result = suite.run_benchmark(Path(args.out), Path(args.answers), plan)
     stem = Path(args.out) / result["name"]
     print(stem.with_suffix(".md").read_text())
     print(f"wrote {stem}.md, .json and the charts")
@@ -339,12 +343,15 @@ def cmd_sweep(args) -> None:
 
     pairs = None
     if args.pairs != "all":
-        pairs = [tuple(pair.split("/")) for pair in args.pairs.split(",")]
+        pairs = tuple(tuple(pair.split("/")) for pair in args.pairs.split(","))
         if any(len(pair) != 2 for pair in pairs):
             raise ValueError("--pairs must be 'all' or drafter/verifier pairs such as topk/topk,greedy/greedy")
-    md = suite.sweep(Path(args.out), Path(args.answers), args.trees, _floats(args.temperatures,
-                     "temperatures"), pairs, args.bench, args.questions, args.turns or None, args.max_new_tokens,
-                     args.dtype, args.device, args.seed, args.name, args.draft_vocab, args.kernels)
+    plan = suite.SweepPlan(
+        trees=tuple(args.trees), temperatures=tuple(_floats(args.temperatures, "temperatures")), pairs=pairs,
+        bench_name=args.bench, count=args.questions, turns=args.turns or None, max_new_tokens=args.max_new_tokens,
+        draft_vocab=args.draft_vocab, kernels_choice=args.kernels, dtype=args.dtype, device=args.device,
+        seed=args.seed, name=args.name)
+    md = suite.sweep(Path(args.out), Path(args.answers), plan)
     print(md.read_text())
 
 

@@ -14,6 +14,7 @@ settings under the same name is refused.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import hashlib
 import json
@@ -221,76 +222,97 @@ def _temperature_tag(temperature: float) -> str:
     return f"t{temperature:g}"
 
 
-def run_benchmark(out: Path, answers: Path, bench_name: str = "mt_bench", count: int | None = 8,
-                  temperatures=(0.0, 1.0), methods=METHODS, dtype: str = "bfloat16", device: str = "cpu",
-                  max_new_tokens: int = 128, trees=("eagle_default",), drafter: str = "topk",
-                  verifier: str = "topk", seed: int = 0, draft_vocab: int | str | None = "auto",
-                  name: str | None = None, sampling_pair: str = SAMPLING_PAIR, kernels_choice: str = "auto",
-                  sampling_tree: str = SAMPLING_TREE) -> dict:
-    """Answer into answers/NAME/, then report into out/NAME.{json,md,_t*.png}; NAME defaults to
-    benchmark_<date>_<dtype>, and a rerun with the same name resumes.
+@dataclasses.dataclass(frozen=True)
+class BenchmarkPlan:
+    """What `run_benchmark` runs: `count` questions of `bench_name` spread over its categories (None: all), each
+    method at each temperature.  EAGLE drafts with drafter/verifier at T = 0; at T > 0 a static tree without its
+    own pair (TREE@D/V) uses `sampling_pair` ('D/V', or 'same' for drafter/verifier) on `sampling_tree` (or
+    'same': on itself).  kernels_choice: what EAGLE and baseline run their linear layers on (kernels.CHOICES); the
+    transformers peers keep stock kernels.  name: the answer folder and report stem (default
+    benchmark_<date>_<dtype>)."""
 
-    EAGLE drafts with drafter/verifier at T = 0; at T > 0 a static tree without its own pair
-    (TREE@D/V) uses `sampling_pair` ('D/V', or 'same' for drafter/verifier) on `sampling_tree` (or 'same': on
-    itself).  kernels_choice: what EAGLE and baseline run their linear layers on (kernels.CHOICES); the
-    transformers peers keep stock kernels."""
-    for method in methods:
-        if method not in METHODS:
-            raise ValueError(f"unknown method {method!r}: use one of {', '.join(METHODS)}")
-    sampled_drafter, sampled_verifier = parse_sampling_pair(sampling_pair, drafter, verifier)
-    setups = benchmark_setups(trees, drafter, verifier, (sampled_drafter, sampled_verifier), sampling_tree)
-    chosen = spread(questions.load(bench_name), count)
-    target, tokenizer = models.load_target(None, models.parse_dtype(dtype), device)
-    used_kernels = kernels_used(kernels_choice, target)
-    draft_head = head.load_head(models.DEFAULT_HEAD, target) if "eagle" in methods else None
+    bench_name: str = "mt_bench"
+    count: int | None = 8
+    temperatures: tuple = (0.0, 1.0)
+    methods: tuple = METHODS
+    trees: tuple = ("eagle_default",)
+    drafter: str = "topk"
+    verifier: str = "topk"
+    sampling_pair: str = SAMPLING_PAIR
+    sampling_tree: str = SAMPLING_TREE
+    draft_vocab: int | str | None = "auto"
+    kernels_choice: str = "auto"
+    dtype: str = "bfloat16"
+    device: str = "cpu"
+    max_new_tokens: int = 128
+    seed: int = 0
+    name: str | None = None
+
+    def __post_init__(self):
+        for method in self.methods:
+            if method not in METHODS:
+                raise ValueError(f"unknown method {method!r}: use one of {', '.join(METHODS)}")
+
+
+def run_benchmark(out: Path, answers: Path, plan: BenchmarkPlan = BenchmarkPlan()) -> dict:
+    """Answer into answers/NAME/, then report into out/NAME.{json,md,_t*.png}; a rerun with the same name
+    resumes."""
+    sampled_drafter, sampled_verifier = parse_sampling_pair(plan.sampling_pair, plan.drafter, plan.verifier)
+    setups = benchmark_setups(plan.trees, plan.drafter, plan.verifier, (sampled_drafter, sampled_verifier),
+                              plan.sampling_tree)
+    chosen = spread(questions.load(plan.bench_name), plan.count)
+    target, tokenizer = models.load_target(None, models.parse_dtype(plan.dtype), plan.device)
+    used_kernels = kernels_used(plan.kernels_choice, target)
+    draft_head = head.load_head(models.DEFAULT_HEAD, target) if "eagle" in plan.methods else None
     runners = {}  # (sampled, label) -> (method, runner): EAGLE once per tree (and pair)
     made = {}  # one decoder when both temperatures share the tree and pair
-    for method in methods:
+    for method in plan.methods:
         if method != "eagle":
-            runner = make_runner(method, target, tokenizer, kernels_choice=kernels_choice)
+            runner = make_runner(method, target, tokenizer, kernels_choice=plan.kernels_choice)
             runners[False, method] = runners[True, method] = (method, runner)
             continue
         for setup in setups:
             for sampled, (tree_name, topology, *pair) in setup.items():
                 key = (tree_name, *pair)
                 if key not in made:
-                    made[key] = make_runner(method, target, tokenizer, draft_head, topology, *pair, draft_vocab,
-                                            kernels_choice)
+                    made[key] = make_runner(method, target, tokenizer, draft_head, topology, *pair,
+                                            plan.draft_vocab, plan.kernels_choice)
                 runners[sampled, "eagle" if len(setups) == 1 else f"eagle[{tree_name}]"] = (method, made[key])
                 # (entries sharing the sampling tree share its label, so it runs once at T > 0)
     date = datetime.date.today().isoformat()
-    name = name or f"benchmark_{date}_{dtype}"
+    name = plan.name or f"benchmark_{date}_{plan.dtype}"
+    draft_vocab = engine.resolve_draft_vocab(draft_head, plan.draft_vocab)
     check_settings(Path(answers) / name, {
-        "head": head_checksum(models.DEFAULT_HEAD) if draft_head is not None else None, "dtype": dtype,
-        "bench": bench_name, "max_new_tokens": max_new_tokens, "seed": seed, "trees": [s[False][0] for s in setups],
-        "drafter": drafter, "verifier": verifier, "draft_vocab": engine.resolve_draft_vocab(draft_head, draft_vocab),
-        "sampling_pair": f"{sampled_drafter}/{sampled_verifier}", "kernels": used_kernels,
-        **({} if sampling_tree == "same" else {"sampling_tree": sampling_tree})})  # older runs recorded none
+        "head": head_checksum(models.DEFAULT_HEAD) if draft_head is not None else None, "dtype": plan.dtype,
+        "bench": plan.bench_name, "max_new_tokens": plan.max_new_tokens, "seed": plan.seed,
+        "trees": [s[False][0] for s in setups], "drafter": plan.drafter, "verifier": plan.verifier,
+        "draft_vocab": draft_vocab, "sampling_pair": f"{sampled_drafter}/{sampled_verifier}", "kernels": used_kernels,
+        **({} if plan.sampling_tree == "same" else {"sampling_tree": plan.sampling_tree})})  # older runs recorded none
     files = {(t, label): Path(answers) / name / _file_safe(
-        f"{bench_name}-{models.EMBEDDED_NAME}-{label}-{_temperature_tag(t)}.jsonl")
-        for t in temperatures for sampled, label in runners if sampled == (t > 0)}
+        f"{plan.bench_name}-{models.EMBEDDED_NAME}-{label}-{_temperature_tag(t)}.jsonl")
+        for t in plan.temperatures for sampled, label in runners if sampled == (t > 0)}
     timed_on = timing_machine(Path(answers) / name, files.values(), chosen)
     warm = models.chat_prompt_ids(tokenizer, "Hello!")
     for t, label in files:  # one-off costs (allocations, kernels)
         method, runner = runners[t > 0, label]
-        runner.generate(warm, 16, t, seed, method)
-    for question in tqdm(chosen, desc=f"{bench_name} questions, each into {len(files)} answer files"):
+        runner.generate(warm, 16, t, plan.seed, method)
+    for question in tqdm(chosen, desc=f"{plan.bench_name} questions, each into {len(files)} answer files"):
         for (t, label), answer_file in files.items():
             method, runner = runners[t > 0, label]
             bench.run(runner, tokenizer, [question], answer_file, f"{models.EMBEDDED_NAME}-{label}",
-                      bench.Settings(method, max_new_tokens, t, seed), warmup=False, progress=False)
-    result = {"name": name, "date": date, "machine": timed_on, "bench": bench_name,
+                      bench.Settings(method, plan.max_new_tokens, t, plan.seed), warmup=False, progress=False)
+    result = {"name": name, "date": date, "machine": timed_on, "bench": plan.bench_name,
               "questions": [q["question_id"] for q in chosen],
-              "dtype": dtype, "device": device, "max_new_tokens": max_new_tokens,
+              "dtype": plan.dtype, "device": plan.device, "max_new_tokens": plan.max_new_tokens,
               "trees": [setup[False][0] for setup in setups],
-              "drafter": drafter, "verifier": verifier, "sampling_pair": f"{sampled_drafter}/{sampled_verifier}",
-              "sampling_tree": sampling_tree,
-              "draft_vocab": engine.resolve_draft_vocab(draft_head, draft_vocab), "kernels": used_kernels,
+              "drafter": plan.drafter, "verifier": plan.verifier,
+              "sampling_pair": f"{sampled_drafter}/{sampled_verifier}", "sampling_tree": plan.sampling_tree,
+              "draft_vocab": draft_vocab, "kernels": used_kernels,
               "temperatures": {}}
     out = Path(out)
     stem = out / name
-    for t in temperatures:
-        baseline = files[t, "baseline"] if "baseline" in methods else None
+    for t in plan.temperatures:
+        baseline = files[t, "baseline"] if "baseline" in plan.methods else None
         labels = [label for sampled, label in runners if sampled == (t > 0) and (t, label) in files]
         entries = report.compare([files[t, label] for label in labels], baseline, labels=labels)
         report.bar_chart(entries, stem.with_name(f"{stem.name}_{_temperature_tag(t)}.png"), baseline)
@@ -354,18 +376,36 @@ def benchmark_markdown(result: dict, stem: str) -> str:
     return "\n".join(lines)
 
 
-def sweep(out: Path, answers: Path, trees=("chain4", "binary_depth4", "quad_depth3", "eagle_default"),
-          temperatures=(0.0, 0.1, 0.6, 1.0), pairs=None, bench_name: str = "mt_bench", count: int = 8,
-          turns: int | None = 1, max_new_tokens: int = 64, dtype: str = "bfloat16", device: str = "cpu",
-          seed: int = 0, name: str | None = None, draft_vocab: int | str | None = "auto",
-          kernels_choice: str = "auto") -> Path:
-    """EAGLE with every (tree, pair, temperature) that fits; tau and tokens/s per cell into out/<name>.{md,json}."""
-    pairs = pairs or verification.pairs()
-    topologies = {tree_label(topology): topology for topology in map(dynamic.load, trees)}
+@dataclasses.dataclass(frozen=True)
+class SweepPlan:
+    """The cells `sweep` runs: every tree x (drafter, verifier) pair (None: all lossless pairs) x temperature that
+    fits, on `count` questions of `bench_name` (their first `turns` turns; None: all), EAGLE only.  name: the
+    answer folder and page stem (default sweep_<date>_<dtype>)."""
+
+    trees: tuple = ("chain4", "binary_depth4", "quad_depth3", "eagle_default")
+    temperatures: tuple = (0.0, 0.1, 0.6, 1.0)
+    pairs: tuple | None = None
+    bench_name: str = "mt_bench"
+    count: int = 8
+    turns: int | None = 1
+    max_new_tokens: int = 64
+    draft_vocab: int | str | None = "auto"
+    kernels_choice: str = "auto"
+    dtype: str = "bfloat16"
+    device: str = "cpu"
+    seed: int = 0
+    name: str | None = None
+
+
+def sweep(out: Path, answers: Path, plan: SweepPlan = SweepPlan()) -> Path:
+    """EAGLE with every (tree, pair, temperature) of `plan` that fits; tau and tokens/s per cell into
+    out/<name>.{md,json}."""
+    pairs = plan.pairs or verification.pairs()
+    topologies = {tree_label(topology): topology for topology in map(dynamic.load, plan.trees)}
     for drafter, verifier in pairs:
         verification.check_pair(drafter, verifier)
     cells = []
-    for t in temperatures:
+    for t in plan.temperatures:
         for tree_name, topology in topologies.items():
             for drafter, verifier in pairs:
                 try:
@@ -373,28 +413,28 @@ def sweep(out: Path, answers: Path, trees=("chain4", "binary_depth4", "quad_dept
                 except ValueError:
                     continue  # e.g. spechub needs two children at every node; dynamic trees take topk only
                 cells.append((t, tree_name, drafter, verifier))
-    chosen = spread(questions.load(bench_name), count)
-    target, tokenizer = models.load_target(None, models.parse_dtype(dtype), device)
+    chosen = spread(questions.load(plan.bench_name), plan.count)
+    target, tokenizer = models.load_target(None, models.parse_dtype(plan.dtype), plan.device)
     draft_head = head.load_head(models.DEFAULT_HEAD, target)
-    name = name or f"sweep_{datetime.date.today().isoformat()}_{dtype}"
-    files = {cell: Path(answers) / name / _file_safe(f"{cell[1]}-{cell[2]}-{cell[3]}-{_temperature_tag(cell[0])}.jsonl")
-             for cell in cells}
+    name = plan.name or f"sweep_{datetime.date.today().isoformat()}_{plan.dtype}"
+    files = {cell: Path(answers) / name / _file_safe(f"{tree}-{drafter}-{verifier}-{_temperature_tag(t)}.jsonl")
+             for cell in cells for t, tree, drafter, verifier in [cell]}
     timed_on = timing_machine(Path(answers) / name, files.values(), chosen)
     rows = []
     for t, tree_name, drafter, verifier in tqdm(cells, desc="sweep cells"):
         runner = make_runner("eagle", target, tokenizer, draft_head, topologies[tree_name], drafter, verifier,
-                             draft_vocab, kernels_choice)
+                             plan.draft_vocab, plan.kernels_choice)
         answer_file = files[t, tree_name, drafter, verifier]
         bench.run(runner, tokenizer, chosen, answer_file, f"{models.EMBEDDED_NAME}-eagle",
-                  bench.Settings("eagle", max_new_tokens, t, seed, turns=turns), progress=False)
+                  bench.Settings("eagle", plan.max_new_tokens, t, plan.seed, turns=plan.turns), progress=False)
         totals = report.summarise(answer_file)["all"]
         rows.append({"temperature": t, "tree": tree_name, "drafter": drafter, "verifier": verifier,
                      "tau": totals["tau"], "tokens_per_s": totals["tokens_per_s"], "new_tokens": totals["new_tokens"]})
-    result = {"machine": timed_on, "dtype": dtype, "bench": bench_name,
-              "draft_vocab": engine.resolve_draft_vocab(draft_head, draft_vocab),
-              "kernels": kernels_used(kernels_choice, target),
-              "questions": [q["question_id"] for q in chosen], "turns": turns, "max_new_tokens": max_new_tokens,
-              "rows": rows}
+    result = {"machine": timed_on, "dtype": plan.dtype, "bench": plan.bench_name,
+              "draft_vocab": engine.resolve_draft_vocab(draft_head, plan.draft_vocab),
+              "kernels": kernels_used(plan.kernels_choice, target),
+              "questions": [q["question_id"] for q in chosen], "turns": plan.turns,
+              "max_new_tokens": plan.max_new_tokens, "rows": rows}
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{name}.json").write_text(json.dumps(result, indent=1))

@@ -23,6 +23,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import math
 import os
@@ -216,33 +217,50 @@ def _generate(target, prompts: list[list[int]], max_new_tokens: int, pad_id: int
     return [row[: next((i + 1 for i, t in enumerate(row) if t in eos), len(row))] for row in rows]
 
 
-def make_data(out_dir: Path, prompt_paths, base_model=None, dtype="bfloat16", max_prompts: int | None = None,
-              max_new_tokens: int = 128, batch_size: int = 128, shard_size: int = 256, mix_reference: bool = False,
-              max_prompt_tokens: int = 384, seed: int = 0, max_minutes: float | None = None,
-              temperature: float = 0.0) -> list[Path]:
-    """The target's answers (greedy; sampled at `temperature` > 0, seeded per batch so a rerun repeats them)
-    and features, in shards of `shard_size` prompts under out_dir/data; a rerun continues."""
-    from .engine import check_temperature
+@dataclasses.dataclass(frozen=True)
+class DataRecipe:
+    """How `make_data` answers prompts: greedy, or sampled at `temperature` > 0 (seeded per batch, so a rerun
+    repeats the answers), in batches of `batch_size`, into shards of `shard_size` prompts; prompts are shuffled
+    with `seed` and cut to `max_prompts`, those longer than `max_prompt_tokens` skipped; `mix_reference` adds the
+    datasets' own responses."""
 
-    check_temperature(temperature, "--temperature")
+    max_prompts: int | None = None
+    max_new_tokens: int = 128
+    batch_size: int = 128
+    shard_size: int = 256
+    mix_reference: bool = False
+    max_prompt_tokens: int = 384
+    seed: int = 0
+    temperature: float = 0.0
+
+    def __post_init__(self):
+        from .engine import check_temperature
+
+        check_temperature(self.temperature, "--temperature")
+
+
+def make_data(out_dir: Path, prompt_paths, recipe: DataRecipe = DataRecipe(), base_model=None,
+              dtype: str = "bfloat16", max_minutes: float | None = None) -> list[Path]:
+    """The target's answers to the prompts in `prompt_paths` and its features, made by `recipe`, in shards under
+    out_dir/data; a rerun continues (stopping cleanly when `max_minutes` have passed)."""
     prompts = load_prompts(prompt_paths)  # bad prompt files fail before the run folder is made
     data_dir = Path(out_dir) / "data"
     data_dir.mkdir(parents=True, exist_ok=True)
     record = data_dir / "prompts.json"
-    made_at = json.loads(record.read_text()).get("temperature", 0.0) if record.exists() else temperature
-    if made_at != temperature:
+    made_at = json.loads(record.read_text()).get("temperature", 0.0) if record.exists() else recipe.temperature
+    if made_at != recipe.temperature:
         raise ValueError(f"{data_dir} holds answers made at temperature {made_at}: pass that --temperature, "
                          f"or another --run")
-    random.Random(seed).shuffle(prompts)
-    prompts = prompts[:max_prompts] if max_prompts else prompts
-    record.write_text(json.dumps({"count": len(prompts), "seed": seed, "shard_size": shard_size,
-                                  "sources": [str(p) for p in prompt_paths], "temperature": temperature}))
+    random.Random(recipe.seed).shuffle(prompts)
+    prompts = prompts[:recipe.max_prompts] if recipe.max_prompts else prompts
+    record.write_text(json.dumps({"count": len(prompts), "seed": recipe.seed, "shard_size": recipe.shard_size,
+                                  "sources": [str(p) for p in prompt_paths], "temperature": recipe.temperature}))
     target, tokenizer = models.load_target(base_model, models.parse_dtype(dtype))
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     shards = []
     deadline = time.monotonic() + 60 * max_minutes if max_minutes else None
-    for start in tqdm(range(0, len(prompts), shard_size), desc="data shards"):
-        shard = data_dir / f"shard_{start // shard_size:05d}.pt"
+    for start in tqdm(range(0, len(prompts), recipe.shard_size), desc="data shards"):
+        shard = data_dir / f"shard_{start // recipe.shard_size:05d}.pt"
         shards.append(shard)
         if shard.exists():
             continue
@@ -250,24 +268,24 @@ def make_data(out_dir: Path, prompt_paths, base_model=None, dtype="bfloat16", ma
             print(f"time budget reached: {len(list(data_dir.glob('shard_*.pt')))} shards done; rerun to continue")
             break
         samples = []
-        chunk = prompts[start : start + shard_size]
-        for batch_start in range(0, len(chunk), batch_size):
-            batch = chunk[batch_start : batch_start + batch_size]
+        chunk = prompts[start : start + recipe.shard_size]
+        for batch_start in range(0, len(chunk), recipe.batch_size):
+            batch = chunk[batch_start : batch_start + recipe.batch_size]
             encoded = [(models.chat_prompt_ids(tokenizer, item["prompt"]), item) for item in batch]
-            encoded = [(ids, item) for ids, item in encoded if len(ids) <= max_prompt_tokens]
+            encoded = [(ids, item) for ids, item in encoded if len(ids) <= recipe.max_prompt_tokens]
             if not encoded:
                 continue
             prompt_ids, batch = [ids for ids, _ in encoded], [item for _, item in encoded]
             with torch.inference_mode():
-                responses = _generate(target, prompt_ids, max_new_tokens, pad_id, temperature,
-                                      seed=seed * 1_000_003 + start + batch_start)  # per batch: reruns repeat it
+                responses = _generate(target, prompt_ids, recipe.max_new_tokens, pad_id, recipe.temperature,
+                                      seed=recipe.seed * 1_000_003 + start + batch_start)  # a rerun repeats it
                 sequences = [p + r for p, r in zip(prompt_ids, responses)]
                 starts = [len(p) for p in prompt_ids]
-                if mix_reference:
+                if recipe.mix_reference:
                     for p, item in zip(prompt_ids, batch):
                         if item["reference"]:
                             ref = tokenizer(item["reference"], add_special_tokens=False)["input_ids"]
-                            sequences.append(p + ref[: 2 * max_new_tokens])
+                            sequences.append(p + ref[: 2 * recipe.max_new_tokens])
                             starts.append(len(p))
                 features = _features(target, sequences, pad_id)
             samples += [{"ids": torch.tensor(s, dtype=torch.int32), "start": st, "features": f}
@@ -418,51 +436,76 @@ def draft_vocab_lm_head(lm_head, rows: torch.Tensor):
     return lambda hidden: torch.nn.functional.linear(hidden, weight, bias)
 
 
-def train(out_dir: Path, base_model=None, epochs: float = 1.0, lr: float = 5e-4, tokens_per_batch: int = 4096,
-          save_every: int = 100, max_minutes: float | None = None, seed: int = 0, bf16: bool = True,
-          device: str = "cpu", data_from=(), unroll: int = 1, init_from=None, token_weight: float = 0.1,
-          draft_vocab: int | None = None, token_loss: str = "ce") -> dict:
-    """Train (or resume) the run's head; `unroll` > 1 adds the multi-step loss of `head_loss`, `init_from`
-    starts from another run's checkpoint or an exported head instead of a random one, `token_loss` is the token
-    term ("ce": EAGLE's cross-entropy; "tv": total variation, 1 - the acceptance rate of one sampled draft;
-    "top1": cross-entropy against the target's most probable token), `token_weight` weighs it against the
-    feature term (EAGLE's 0.1), `draft_vocab` = N scores it over the N most
-    frequent answer tokens of the data only (the ranking `export` ships; None: the full vocabulary)."""
+@dataclasses.dataclass(frozen=True)
+class TrainRecipe:
+    """How `train` trains a head.  unroll > 1 adds the multi-step loss of `head_loss`; init_from starts from
+    another run's checkpoint or an exported head instead of a random one; token_loss is the token term ("ce":
+    EAGLE's cross-entropy; "tv": total variation, 1 - the acceptance rate of one sampled draft; "top1":
+    cross-entropy against the target's most probable token) and token_weight weighs it against the feature term
+    (EAGLE's 0.1); draft_vocab = N scores it over the N most frequent answer tokens of the data only (the ranking
+    `export` ships; None: the full vocabulary); data_from: other runs whose shards are trained on too."""
+
+    epochs: float = 1.0
+    lr: float = 5e-4
+    tokens_per_batch: int = 4096
+    seed: int = 0
+    data_from: tuple = ()
+    unroll: int = 1
+    init_from: str | None = None
+    token_weight: float = 0.1
+    draft_vocab: int | None = None
+    token_loss: str = "ce"
+    bf16: bool = True
+
+    # The options a resumed run must share with its checkpoint (`saved`), as older checkpoints that did not record
+    # one were trained.
+    CHECKPOINT_DEFAULTS = {"seed": 0, "data_from": [], "unroll": 1, "init_from": None, "token_weight": 0.1,
+                        "draft_vocab": "full", "token_loss": "ce"}
+
+    def __post_init__(self):
+        if self.draft_vocab is not None and self.draft_vocab < 1:
+            raise ValueError(f"--draft-vocab is {self.draft_vocab}: pass a token count of 1 or more, or 'full'")
+        if self.unroll < 1:
+            raise ValueError(f"--unroll is {self.unroll}: pass 1 (EAGLE-1's loss) or more (draft depths trained)")
+        if self.token_weight < 0:
+            raise ValueError(f"--token-weight is {self.token_weight}: pass 0 or more (EAGLE's recipe: 0.1)")
+        if self.token_loss not in TOKEN_LOSSES:
+            raise ValueError(f"--token-loss is {self.token_loss!r}: pass ce (EAGLE's cross-entropy), tv or top1")
+        object.__setattr__(self, "data_from", tuple(str(Path(run)) for run in self.data_from))
+        object.__setattr__(self, "init_from", str(Path(self.init_from)) if self.init_from else None)
+
+    def saved(self) -> dict:
+        """The options a checkpoint records, as it records them."""
+        return {"seed": self.seed, "data_from": list(self.data_from), "unroll": self.unroll,
+                "init_from": self.init_from, "token_weight": self.token_weight,
+                "draft_vocab": "full" if self.draft_vocab is None else self.draft_vocab,
+                "token_loss": self.token_loss}
+
+
+def train(out_dir: Path, recipe: TrainRecipe = TrainRecipe(), base_model=None, device: str = "cpu",
+          max_minutes: float | None = None, save_every: int = 100) -> dict:
+    """Train (or resume) the run's head by `recipe`; checkpoints every `save_every` steps and when `max_minutes`
+    have passed, so a rerun continues where this one stopped."""
     out_dir = Path(out_dir)
-    if draft_vocab is not None and draft_vocab < 1:
-        raise ValueError(f"--draft-vocab is {draft_vocab}: pass a token count of 1 or more, or 'full'")
-    if unroll < 1:
-        raise ValueError(f"--unroll is {unroll}: pass 1 (EAGLE-1's loss) or more (draft depths trained)")
-    if token_weight < 0:
-        raise ValueError(f"--token-weight is {token_weight}: pass 0 or more (EAGLE's recipe: 0.1)")
-    if token_loss not in TOKEN_LOSSES:
-        raise ValueError(f"--token-loss is {token_loss!r}: pass ce (EAGLE's cross-entropy), tv or top1")
-    init_from = str(Path(init_from)) if init_from else None
-    vocab_option = "full" if draft_vocab is None else draft_vocab
-    data_from = [str(Path(run)) for run in data_from]
-    shards = data_shards(out_dir, data_from)
+    shards = data_shards(out_dir, recipe.data_from)
     out_dir.mkdir(parents=True, exist_ok=True)
     target, _ = models.load_target(base_model, torch.float32, device)
     for parameter in target.parameters():
         parameter.requires_grad_(False)
     embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
-    if draft_vocab is not None and draft_vocab < target.config.vocab_size:
-        rows = rank_tokens(shards, target.config.vocab_size)[:draft_vocab]
+    if recipe.draft_vocab is not None and recipe.draft_vocab < target.config.vocab_size:
+        rows = rank_tokens(shards, target.config.vocab_size)[: recipe.draft_vocab]
         lm_head = draft_vocab_lm_head(lm_head, torch.tensor(sorted(rows), device=device))
-    draft_head = head_module.random_head(target, seed).float().train()
-    if init_from:
-        draft_head.load_state_dict(_trained_weights(Path(init_from), target))
-    optimizer = torch.optim.AdamW(draft_head.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+    draft_head = head_module.random_head(target, recipe.seed).float().train()
+    if recipe.init_from:
+        draft_head.load_state_dict(_trained_weights(Path(recipe.init_from), target))
+    optimizer = torch.optim.AdamW(draft_head.parameters(), lr=recipe.lr, betas=(0.9, 0.95), weight_decay=0.0)
     checkpoint = out_dir / "checkpoint.pt"
-    state = {"step": 0, "epoch": 0, "batch_in_epoch": 0, "seed": seed, "data_from": data_from, "unroll": unroll,
-             "init_from": init_from, "token_weight": token_weight, "draft_vocab": vocab_option,
-             "token_loss": token_loss, "log": []}
+    state = {"step": 0, "epoch": 0, "batch_in_epoch": 0, **recipe.saved(), "log": []}
     if checkpoint.exists():
         saved = torch.load(checkpoint, weights_only=False)
-        for name, value, default in (("seed", seed, 0), ("data_from", data_from, []), ("unroll", unroll, 1),
-                                     ("init_from", init_from, None), ("token_weight", token_weight, 0.1),
-                                     ("draft_vocab", vocab_option, "full"), ("token_loss", token_loss, "ce")):
-            trained_with = saved["state"].get(name, default)
+        for name, value in recipe.saved().items():
+            trained_with = saved["state"].get(name, TrainRecipe.CHECKPOINT_DEFAULTS[name])
             if trained_with != value:
                 option = "--" + name.replace("_", "-")
                 raise ValueError(f"{checkpoint} was trained with {option} {_option_text(trained_with)}, not "
@@ -472,8 +515,8 @@ def train(out_dir: Path, base_model=None, epochs: float = 1.0, lr: float = 5e-4,
         state = saved["state"]
         if "rng" in saved:  # the feature noise continues as if never interrupted
             torch.set_rng_state(saved["rng"])
-    total_batches = sum(1 for _ in _batches(shards, tokens_per_batch, random.Random(seed)))
-    total_steps = max(1, int(total_batches * epochs))
+    total_batches = sum(1 for _ in _batches(shards, recipe.tokens_per_batch, random.Random(recipe.seed)))
+    total_steps = max(1, int(total_batches * recipe.epochs))
     deadline = time.monotonic() + 60 * max_minutes if max_minutes else None
 
     def save():
@@ -485,7 +528,7 @@ def train(out_dir: Path, base_model=None, epochs: float = 1.0, lr: float = 5e-4,
     progress = tqdm(total=total_steps, initial=state["step"], desc="train head")
     started = time.monotonic()
     while state["step"] < total_steps:
-        batches = _batches(shards, tokens_per_batch, random.Random(seed + state["epoch"]))
+        batches = _batches(shards, recipe.tokens_per_batch, random.Random(recipe.seed + state["epoch"]))
         for index, batch in enumerate(batches):
             if index < state["batch_in_epoch"]:
                 continue  # resume inside the epoch
@@ -493,11 +536,12 @@ def train(out_dir: Path, base_model=None, epochs: float = 1.0, lr: float = 5e-4,
                 break
             for group in optimizer.param_groups:  # linear warm-up, cosine decay
                 warm = min(1.0, (state["step"] + 1) / 50)
-                group["lr"] = lr * warm * 0.5 * (1 + math.cos(math.pi * state["step"] / total_steps))
+                group["lr"] = recipe.lr * warm * 0.5 * (1 + math.cos(math.pi * state["step"] / total_steps))
             features, tokens, targets, mask = (t.to(device) for t in _collate(batch, target.config.hidden_size))
-            with torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16, enabled=bf16):
+            with torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16, enabled=recipe.bf16):
                 loss, accuracy = head_loss(draft_head, embed, lm_head, features, tokens, targets, mask,
-                                           unroll=unroll, token_weight=token_weight, token_loss=token_loss)
+                                           unroll=recipe.unroll, token_weight=recipe.token_weight,
+                                           token_loss=recipe.token_loss)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(draft_head.parameters(), 0.5)

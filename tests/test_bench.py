@@ -347,13 +347,30 @@ def test_eagle_with_lookup_drafts_is_reported_but_not_counted_for_the_goals():
 
 
 def test_static_trees_share_one_run_on_the_sampling_tree_at_t_above_0(tmp_path):
-    result = suite.run_benchmark(tmp_path / "results", tmp_path / "answers", count=1, temperatures=(0.0, 1.0),
-                                 methods=("eagle",), max_new_tokens=4,
-                                 trees=("eagle_default", "chain2", "eagle_default+lookup3"), name="shared")
+    plan = suite.BenchmarkPlan(count=1, temperatures=(0.0, 1.0), methods=("eagle",), max_new_tokens=4,
+                               trees=("eagle_default", "chain2", "eagle_default+lookup3"), name="shared")
+    result = suite.run_benchmark(tmp_path / "results", tmp_path / "answers", plan)
     labels = {tag: [e["label"] for e in block["entries"]] for tag, block in result["temperatures"].items()}
     assert labels == {"t0": ["eagle[eagle_default]", "eagle[chain2]", "eagle[eagle_default+lookup3]"],
                       "t1": ["eagle[chain2]", "eagle[chain2+lookup3]"]}
     assert len(list((tmp_path / "answers" / "shared").glob("*.jsonl"))) == 5
+
+
+def test_a_sweep_runs_every_cell_that_fits_and_a_rerun_resumes(tmp_path):
+    plan = suite.SweepPlan(trees=("chain2", "binary_depth4"), temperatures=(0.0, 1.0),
+                           pairs=(("topk", "topk"), ("spechub", "spechub")), count=1, max_new_tokens=4, name="small")
+    page = suite.sweep(tmp_path / "results", tmp_path / "answers", plan)
+    rows = json.loads(page.with_suffix(".json").read_text())["rows"]
+    # spechub draws two drafts at every node, so chain2's spechub cells are left out
+    assert sorted((r["tree"], r["drafter"], r["temperature"]) for r in rows) == [
+        ("binary_depth4", "spechub", 0.0), ("binary_depth4", "spechub", 1.0), ("binary_depth4", "topk", 0.0),
+        ("binary_depth4", "topk", 1.0), ("chain2", "topk", 0.0), ("chain2", "topk", 1.0)]
+    answers = sorted((tmp_path / "answers" / "small").glob("*.jsonl"))
+    assert [f.name for f in answers][-1] == "chain2-topk-topk-t1.jsonl" and len(answers) == 6
+    before = [f.read_text() for f in answers]
+    suite.sweep(tmp_path / "results", tmp_path / "answers", plan)  # finished: nothing is answered again
+    assert [f.read_text() for f in answers] == before
+    assert "| chain2 | topk | topk | " in page.read_text()
 
 
 def test_a_benchmark_resumes_only_answers_made_with_the_same_settings(tmp_path):
@@ -442,8 +459,9 @@ def test_a_small_benchmark_runs_end_to_end_with_the_sampling_pair(tmp_path, monk
         return runner
 
     monkeypatch.setattr(suite, "make_runner", recording)
-    result = suite.run_benchmark(tmp_path / "results", tmp_path / "answers", count=1, temperatures=(0.0, 1.0),
-                                 methods=("eagle", "baseline"), max_new_tokens=8, name="small")
+    plan = suite.BenchmarkPlan(count=1, temperatures=(0.0, 1.0), methods=("eagle", "baseline"), max_new_tokens=8,
+                               name="small")
+    result = suite.run_benchmark(tmp_path / "results", tmp_path / "answers", plan)
     assert {u for u in used if u[0] == "eagle"} == {("eagle", 0.0, "topk", "topk", 25),
                                                    ("eagle", 1.0, "without_replacement", "rrs_wo", 2)}
     settings = json.loads((tmp_path / "answers" / "small" / "settings.json").read_text())

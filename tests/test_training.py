@@ -154,11 +154,11 @@ def test_train_head_passes_the_token_loss_to_training(monkeypatch, tmp_path):
     from eagle_mdsd import cli
 
     seen = {}
-    monkeypatch.setattr(training, "train", lambda *args, **kwargs: seen.update(kwargs) or {"log": []})
+    monkeypatch.setattr(training, "train", lambda run, recipe, *args: seen.update(recipe=recipe) or {"log": []})
     for argv, expected in ((["--token-loss", "tv"], "tv"), (["--token-loss", "top1"], "top1"), ([], "ce")):
         args = cli.build_parser().parse_args(["train-head", "train", "--run", str(tmp_path)] + argv)
         args.fn(args)
-        assert seen["token_loss"] == expected
+        assert seen["recipe"].token_loss == expected
 
 
 def test_missing_prompt_file_is_a_clear_error(tmp_path):
@@ -233,6 +233,14 @@ def _embedded_tokenizer():
     return AutoTokenizer.from_pretrained(models.cache_dir() / "smollm2-135m-instruct")
 
 
+def _train(run, model, save_every=100, **recipe):
+    return training.train(run, training.TrainRecipe(**recipe), model, save_every=save_every)
+
+
+def _make_data(run, prompts, model, **recipe):
+    return training.make_data(run, prompts, training.DataRecipe(**recipe), model, "float32")
+
+
 def _tiny_run(folder, tokenizer, seed=0):
     """A run folder with a tiny Llama (the embedded tokenizer) and one data shard of 6 samples."""
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -260,8 +268,8 @@ def test_the_data_stage_samples_at_a_temperature_and_a_rerun_repeats_the_samples
     prompts.write_text("".join(json.dumps({"prompt": f"Name a colour, number {i}."}) + "\n" for i in range(3)))
 
     def answers(run, temperature):
-        shards = training.make_data(tmp_path / run, [prompts], model, "float32", max_new_tokens=6, batch_size=2,
-                                    shard_size=2, temperature=temperature)
+        shards = _make_data(tmp_path / run, [prompts], model, max_new_tokens=6, batch_size=2, shard_size=2,
+                            temperature=temperature)
         return [sample["ids"].tolist() for shard in shards for sample in torch.load(shard)]
 
     sampled = answers("sampled", 1.0)
@@ -281,7 +289,7 @@ def test_the_data_stage_answers_a_conversation_after_its_last_user_turn(tmp_path
              {"role": "user", "content": "Again, please."}]
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps({"messages": turns}) + "\n")
-    shards = training.make_data(tmp_path / "run", [prompts], model, "float32", max_new_tokens=4, batch_size=1)
+    shards = _make_data(tmp_path / "run", [prompts], model, max_new_tokens=4, batch_size=1)
     sample = torch.load(shards[0])[0]
     prompt = models.chat_prompt_ids(tokenizer, turns)
     assert sample["ids"][: sample["start"]].tolist() == prompt and sample["start"] == len(prompt)
@@ -293,7 +301,7 @@ def test_an_interrupted_training_run_resumes_to_the_same_head(tmp_path, monkeypa
     tokenizer = _embedded_tokenizer()
     settings = dict(epochs=3, lr=1e-2, tokens_per_batch=48, save_every=1, bf16=False)
     whole, parts = tmp_path / "whole", tmp_path / "parts"
-    state = training.train(whole, _tiny_run(whole, tokenizer), **settings)
+    state = _train(whole, _tiny_run(whole, tokenizer), **settings)
     steps = state["step"]
     assert steps >= 6 and state["log"][-1]["loss"] < state["log"][0]["loss"]
 
@@ -308,12 +316,12 @@ def test_an_interrupted_training_run_resumes_to_the_same_head(tmp_path, monkeypa
 
     monkeypatch.setattr(training, "head_loss", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        training.train(parts, model, **settings)
+        _train(parts, model, **settings)
     monkeypatch.setattr(training, "head_loss", real_loss)
     assert torch.load(parts / "checkpoint.pt", weights_only=False)["state"]["step"] == steps // 2
     with pytest.raises(ValueError, match="seed 0, not 1"):
-        training.train(parts, model, seed=1, **settings)
-    resumed = training.train(parts, model, **settings)
+        _train(parts, model, seed=1, **settings)
+    resumed = _train(parts, model, **settings)
     assert resumed["step"] == steps and resumed["log"] == state["log"]
     heads = [torch.load(folder / "checkpoint.pt", weights_only=False)["head"] for folder in (whole, parts)]
     assert all(torch.equal(heads[0][key], heads[1][key]) for key in heads[0])
@@ -403,13 +411,13 @@ def test_training_on_the_data_of_other_runs(tmp_path):
     settings = dict(epochs=1, lr=1e-2, tokens_per_batch=48, bf16=False)
     model = _tiny_run(tmp_path / "own", tokenizer)
     _tiny_run(tmp_path / "other", tokenizer, seed=1)
-    alone = training.train(tmp_path / "alone", model, data_from=[tmp_path / "own"], **settings)
-    both = training.train(tmp_path / "own", model, data_from=[tmp_path / "other"], **settings)
+    alone = _train(tmp_path / "alone", model, data_from=[tmp_path / "own"], **settings)
+    both = _train(tmp_path / "own", model, data_from=[tmp_path / "other"], **settings)
     assert both["step"] == 2 * alone["step"] and both["data_from"] == [str(tmp_path / "other")]
     with pytest.raises(ValueError, match="--data-from"):
-        training.train(tmp_path / "own", model, **settings)
+        _train(tmp_path / "own", model, **settings)
     with pytest.raises(FileNotFoundError, match="no data shards"):
-        training.train(tmp_path / "fresh", model, data_from=[tmp_path / "nothing"], **settings)
+        _train(tmp_path / "fresh", model, data_from=[tmp_path / "nothing"], **settings)
 
 
 def test_evaluation_takes_held_out_prompts_from_the_runs_trained_on(tmp_path):
@@ -470,29 +478,29 @@ def test_multi_step_training_from_a_trained_head(tmp_path):
     tokenizer = _embedded_tokenizer()
     settings = dict(epochs=1, tokens_per_batch=48, bf16=False)
     model = _tiny_run(tmp_path / "own", tokenizer)
-    trained = training.train(tmp_path / "first", model, data_from=[tmp_path / "own"], lr=1e-2, **settings)
+    trained = _train(tmp_path / "first", model, data_from=[tmp_path / "own"], lr=1e-2, **settings)
     # lr 0: the warm-started head is exactly the one it started from, also through the 2-step loss
-    unchanged = training.train(tmp_path / "same", model, data_from=[tmp_path / "own"], lr=0.0, unroll=2,
+    unchanged = _train(tmp_path / "same", model, data_from=[tmp_path / "own"], lr=0.0, unroll=2,
                                init_from=tmp_path / "first", **settings)
     assert unchanged["step"] == trained["step"] and unchanged["unroll"] == 2
     heads = [torch.load(tmp_path / run / "checkpoint.pt", weights_only=False)["head"] for run in ("first", "same")]
     assert all(torch.equal(heads[0][key], heads[1][key]) for key in heads[0])
-    tuned = training.train(tmp_path / "tuned", model, data_from=[tmp_path / "own"], lr=1e-2, epochs=3, unroll=3,
+    tuned = _train(tmp_path / "tuned", model, data_from=[tmp_path / "own"], lr=1e-2, epochs=3, unroll=3,
                            init_from=tmp_path / "first", tokens_per_batch=48, bf16=False)
     assert tuned["log"][-1]["loss"] < tuned["log"][0]["loss"]
     with pytest.raises(ValueError, match="--unroll 3, not 2"):
-        training.train(tmp_path / "tuned", model, data_from=[tmp_path / "own"], unroll=2,
+        _train(tmp_path / "tuned", model, data_from=[tmp_path / "own"], unroll=2,
                        init_from=tmp_path / "first", **settings)
     with pytest.raises(ValueError, match="--token-weight 0.1, not 1.0"):
-        training.train(tmp_path / "tuned", model, data_from=[tmp_path / "own"], unroll=3, token_weight=1.0,
+        _train(tmp_path / "tuned", model, data_from=[tmp_path / "own"], unroll=3, token_weight=1.0,
                        init_from=tmp_path / "first", **settings)
-    vocab = training.train(tmp_path / "vocab", model, data_from=[tmp_path / "own"], lr=1e-2, epochs=3,
+    vocab = _train(tmp_path / "vocab", model, data_from=[tmp_path / "own"], lr=1e-2, epochs=3,
                            draft_vocab=40, init_from=tmp_path / "first", tokens_per_batch=48, bf16=False)
     assert vocab["draft_vocab"] == 40 and vocab["log"][-1]["loss"] < vocab["log"][0]["loss"]
     with pytest.raises(ValueError, match="--draft-vocab 40, not full"):
-        training.train(tmp_path / "vocab", model, data_from=[tmp_path / "own"], init_from=tmp_path / "first",
+        _train(tmp_path / "vocab", model, data_from=[tmp_path / "own"], init_from=tmp_path / "first",
                        **settings)
-    by_loss = {loss: training.train(tmp_path / loss, model, data_from=[tmp_path / "own"], lr=1e-2, epochs=3,
+    by_loss = {loss: _train(tmp_path / loss, model, data_from=[tmp_path / "own"], lr=1e-2, epochs=3,
                                     token_loss=loss, token_weight=2.0, init_from=tmp_path / "first",
                                     tokens_per_batch=48, bf16=False) for loss in ("ce", "tv", "top1")}
     for loss in ("tv", "top1"):
@@ -500,14 +508,14 @@ def test_multi_step_training_from_a_trained_head(tmp_path):
         assert by_loss[loss]["token_loss"] == loss and losses[-1] < losses[0]
         assert losses != [record["loss"] for record in by_loss["ce"]["log"]]
     with pytest.raises(ValueError, match="--token-loss tv, not ce"):
-        training.train(tmp_path / "tv", model, data_from=[tmp_path / "own"], token_weight=2.0,
+        _train(tmp_path / "tv", model, data_from=[tmp_path / "own"], token_weight=2.0,
                        init_from=tmp_path / "first", **settings)
     with pytest.raises(ValueError, match="--token-loss is 'kl'"):
-        training.train(tmp_path / "kl", model, data_from=[tmp_path / "own"], token_loss="kl", **settings)
+        _train(tmp_path / "kl", model, data_from=[tmp_path / "own"], token_loss="kl", **settings)
     with pytest.raises(ValueError, match="--draft-vocab is 0"):
-        training.train(tmp_path / "zero", model, data_from=[tmp_path / "own"], draft_vocab=0, **settings)
+        _train(tmp_path / "zero", model, data_from=[tmp_path / "own"], draft_vocab=0, **settings)
     with pytest.raises(FileNotFoundError, match="--init-from"):
-        training.train(tmp_path / "other", model, data_from=[tmp_path / "own"], init_from=tmp_path / "nothing",
+        _train(tmp_path / "other", model, data_from=[tmp_path / "own"], init_from=tmp_path / "nothing",
                        **settings)
 
 
