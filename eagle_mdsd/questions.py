@@ -10,6 +10,18 @@ QUESTION_FILE = Path(__file__).resolve().parent.parent / "evaluation" / "data" /
 MT_BENCH_IDS = range(81, 161)
 
 
+def _turns(record, where: str) -> list[str]:
+    """A question record's user turns: its 'turns' (a list of texts) or its one 'prompt'; a one-line error else."""
+    example = 'write one question a line as {"turns": ["first turn", ...]} or {"prompt": "..."}'
+    if not isinstance(record, dict) or ("turns" not in record and "prompt" not in record):
+        raise ValueError(f"{where} has neither 'turns' nor 'prompt': {example}")
+    turns = record["turns"] if "turns" in record else [record["prompt"]]
+    if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t.strip() for t in turns):
+        raise ValueError(f"{where}: 'turns' must be a non-empty list of texts and 'prompt' a text, got "
+                         f"{json.dumps(record.get('turns', record.get('prompt')))[:60]}: {example}")
+    return turns
+
+
 def from_file(path: Path) -> list[dict]:
     """The questions of a JSONL file of your own: Spec-Bench records (`turns`, optional `question_id` and
     `category`) or prompt records (`prompt`, as `train-head prompts` writes), one turn each; numbered by line
@@ -23,10 +35,7 @@ def from_file(path: Path) -> list[dict]:
             record = json.loads(line)
         except json.JSONDecodeError as error:
             raise ValueError(f"{path} line {number + 1} is not JSON ({error.msg}): write one JSON object a line")
-        turns = record.get("turns") or ([record["prompt"]] if record.get("prompt") else None)
-        if not turns:
-            raise ValueError(f"{path} line {number + 1} has neither 'turns' nor 'prompt': write one question a "
-                             f"line as {{\"turns\": [...]}} or {{\"prompt\": ...}}")
+        turns = _turns(record, f"{path} line {number + 1}")
         chosen.append({"question_id": record.get("question_id", number), "category": record.get("category", path.stem),
                        "turns": turns})
     twice = [i for i, count in Counter(q["question_id"] for q in chosen).items() if count > 1]

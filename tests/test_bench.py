@@ -248,6 +248,14 @@ def test_a_question_file_of_your_own(tmp_path):
     (tmp_path / "bad.jsonl").write_text(json.dumps({"text": "no turns"}) + "\n")
     with pytest.raises(ValueError, match="bad.jsonl line 1 has neither 'turns' nor 'prompt'"):
         questions.load(str(tmp_path / "bad.jsonl"))
+    for record in ({"turns": "one text, not a list"}, {"turns": []}, {"turns": ["A?", 3]}, {"prompt": ""},
+                   {"prompt": ["A?"]}):  # the first was read as one turn a letter
+        (tmp_path / "bad.jsonl").write_text(json.dumps({"prompt": "Fine."}) + "\n" + json.dumps(record))
+        with pytest.raises(ValueError, match="bad.jsonl line 2: 'turns' must be a non-empty list of texts"):
+            questions.load(str(tmp_path / "bad.jsonl"))
+    (tmp_path / "bad.jsonl").write_text(json.dumps(["A?", "B?"]) + "\n")
+    with pytest.raises(ValueError, match="bad.jsonl line 1 has neither 'turns' nor 'prompt'"):
+        questions.load(str(tmp_path / "bad.jsonl"))
     (tmp_path / "twice.jsonl").write_text(json.dumps({"prompt": "A?"}) + "\n"
                                           + json.dumps({"question_id": 0, "turns": ["B?"]}))
     with pytest.raises(ValueError, match="question_id 0 appears twice in .*twice.jsonl"):
