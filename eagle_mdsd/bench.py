@@ -89,15 +89,34 @@ def answer(decoder, tokenizer, question: dict, settings: Settings, template=None
     return choice | ({"profile": profiles} if settings.profile else {})
 
 
+ANSWER_LISTS = ("turns", "new_tokens", "idxs", "wall_time")  # one entry per turn in choices[0]
+
+
+def _answer_fault(row) -> str | None:
+    """What keeps `row` from being an answer record the reports can read (None when it is one)."""
+    if not isinstance(row, dict) or "question_id" not in row:
+        return "no question_id"
+    choices = row.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return "no choices[0]"
+    turns = [choices[0].get(key) for key in ANSWER_LISTS]
+    missing = [key for key, value in zip(ANSWER_LISTS, turns) if not isinstance(value, list)]
+    if missing:
+        return f"no list choices[0].{missing[0]}"
+    if len({len(value) for value in turns}) > 1:
+        return f"choices[0].{'/'.join(ANSWER_LISTS)} of different lengths"
+    return None
+
+
 def read_rows(answer_file: Path) -> list[dict]:
     """The finished questions of an answer file (none if it does not exist; a line cut short is not one, see
     jsonl.py); a line that is not an answer record (an edited or foreign file) is a one-line error naming it."""
     rows = jsonl.records(answer_file)
-    bad = next((i for i, row in enumerate(rows) if not isinstance(row, dict) or "question_id" not in row), None)
-    if bad is not None:
-        number = jsonl.lines(answer_file)[bad][0]
-        raise ValueError(f"answer file {answer_file}, line {number} is not an answer record (no question_id): "
-                         f"delete that line, and `eagle-mdsd bench` answers its question again")
+    for (number, _), row in zip(jsonl.lines(answer_file), rows):
+        fault = _answer_fault(row)
+        if fault:
+            raise ValueError(f"answer file {answer_file}, line {number} is not an answer record ({fault}): "
+                             f"delete that line, and `eagle-mdsd bench` answers its question again")
     return rows
 
 

@@ -252,9 +252,11 @@ def cmd_bench(args) -> None:
     device = args.device
     if state.num_processes > 1 and device == "cuda":
         device = str(state.device)  # one GPU per process
-    runner, tokenizer = _runner(args, device)
     model_id = args.model_id or f"{models.model_name(args.base_model)}-{args.method}"
     answer_file = Path(args.answer_file or f"evaluation/answers/{args.bench}/{model_id}.jsonl")
+    if answer_file.is_dir():  # before the model loads
+        raise ValueError(f"--answer-file {answer_file} is a folder: give a .jsonl file in it (made if missing)")
+    runner, tokenizer = _runner(args, device)
     settings = bench.Settings(args.method, args.max_new_tokens, args.temperature, args.seed, args.profile,
                               args.turns)
     bench.run(runner, tokenizer, chosen, answer_file, model_id, settings, bench.fastchat_template(args.base_model),
@@ -567,14 +569,14 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("study", help="acceptance of every verifier against alpha* on real p and q (resumable)")
     st.add_argument("stage", choices=["collect", "analyse", "all"])
     st.add_argument("--run", default="runs/study", help="folder for the collected logits and cached rates")
-    st.add_argument("--positions", type=int, default=1024, help="answer positions per task")
+    st.add_argument("--positions", type=_count(1), default=1024, help="answer positions per task")
     st.add_argument("--max-new-tokens", type=_count(1), default=128)
     st.add_argument("--dtype", default="bfloat16")
     st.add_argument("--temperature", type=float, default=0.7)
-    st.add_argument("--n", type=int, default=3, help="drafts per node for the table")
-    st.add_argument("--draws", type=int, default=8, help="sampled draft tuples per position")
-    st.add_argument("--sweep-positions", type=int, default=48, help="positions per task in the sweeps")
-    st.add_argument("--table-positions", type=int, default=None,
+    st.add_argument("--n", type=_count(1), default=3, help="drafts per node for the table")
+    st.add_argument("--draws", type=_count(1), default=8, help="sampled draft tuples per position")
+    st.add_argument("--sweep-positions", type=_count(1), default=48, help="positions per task in the sweeps")
+    st.add_argument("--table-positions", type=_count(1), default=None,
                     help="positions per task in the table (default: all collected)")
     st.add_argument("--out", default="evaluation/results")
     st.set_defaults(fn=cmd_study)

@@ -50,11 +50,26 @@ def benchmark_texts() -> set[str]:
 
 
 def _records(path: Path):
+    """The records of a JSONL file (one a line) or a JSON file (a list, or {"data": [...]}); a line or file that
+    is not JSON is a one-line error naming it."""
     text = path.read_text()
     if path.suffix == ".jsonl":
-        return [json.loads(line) for line in text.splitlines() if line.strip()]
-    data = json.loads(text)
-    return data if isinstance(data, list) else data.get("data", [])
+        records = []
+        for number, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as error:
+                raise ValueError(f"prompt file {path}, line {number} is not JSON ({error.msg} at column "
+                                 f"{error.colno}): write one JSON object a line") from None
+        return records
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"prompt file {path} is not JSON ({error.msg} at line {error.lineno}): give a JSON list "
+                         f"of records, or a .jsonl file of one record a line") from None
+    return data if isinstance(data, list) else data.get("data", []) if isinstance(data, dict) else []
 
 
 def _conversation(messages, file) -> list[dict]:

@@ -111,7 +111,12 @@ def test_a_line_that_is_not_an_answer_record_is_a_one_line_error_naming_it(tmp_p
     answers = tmp_path / "answers.jsonl"
     good = json.dumps(_fake_row(1, "x", [10], [1.0], [5]))
     for bad, problem in (('{"question_id": 2, "choices": [', "is not JSON"),
-                         ("[1, 2]", "is not an answer record \\(no question_id")):
+                         ("[1, 2]", "is not an answer record \\(no question_id"),
+                         ('{"question_id": 2}', "is not an answer record \\(no choices\\[0\\]"),
+                         (json.dumps({"question_id": 2, "choices": [{"turns": ["a"], "new_tokens": [3],
+                                                                     "wall_time": [1.0]}]}),
+                          "is not an answer record \\(no list choices\\[0\\].idxs"),
+                         (json.dumps(_fake_row(2, "x", [10, 12], [1.0], [5, 6])), "is not an answer record .*of different lengths")):
         answers.write_text(good + "\n\n" + bad + "\n")
         with pytest.raises(ValueError, match=f"answers.jsonl, line 3 {problem}"):
             bench.read_rows(answers)  # what report and a resumed bench read
@@ -275,6 +280,14 @@ def test_question_and_turn_counts_are_checked_before_anything_runs(argv, capsys)
     assert cli.build_parser().parse_args(["bench", "--turns", "0"]).turns == 0
 
 
+def test_an_answer_file_that_is_a_folder_is_refused_before_the_model_loads(tmp_path, monkeypatch, capsys):
+    from eagle_mdsd import cli
+
+    monkeypatch.setattr(cli, "_runner", lambda *args: pytest.fail("the model loaded"))
+    assert cli.main(["bench", "--question-end", "1", "--answer-file", str(tmp_path)]) == 2
+    assert f"--answer-file {tmp_path} is a folder" in capsys.readouterr().err
+
+
 def test_goals_compare_eagle_with_the_peers():
     def entry(label, speed):
         return {"label": label, "categories": {"all": {"tokens_per_s": speed}}}
@@ -400,7 +413,7 @@ def test_answers_name_the_machine_they_were_timed_on(tmp_path, monkeypatch):
     folder = tmp_path / "benchmark_x"
     suite.check_settings(folder, {"dtype": "bfloat16"})
     answers, chosen = [folder / "eagle-t0.jsonl"], [{"question_id": 81}, {"question_id": 82}]
-    answers[0].write_text(json.dumps({"question_id": 81}) + "\n")
+    answers[0].write_text(json.dumps(_fake_row(81, "writing", [4], [1.0], [2])) + "\n")
     monkeypatch.setattr(suite, "machine", lambda: {"cpu": "first cpu", "threads": 2})
     assert suite.timing_machine(folder, answers, chosen)["cpu"] == "first cpu"  # recorded by the first run
     assert suite.check_settings(folder, {"dtype": "bfloat16"}) is None  # the record still resumes

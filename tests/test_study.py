@@ -69,3 +69,12 @@ def test_rates_over_logit_rows_use_the_temperature():
     assert float(hot["alpha*:greedy"][0]) == pytest.approx(theory.optimal_acceptance(p, q, 2, "greedy"), abs=1e-3)
     # T = 0: one-hot p on token 0, q one-hot on token 1; greedy drafting's top-1 misses, its sample is the fill
     assert float(cold["alpha*:greedy"][0]) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("option", ["--positions", "--n", "--draws", "--sweep-positions", "--table-positions"])
+def test_study_counts_below_one_are_refused_by_the_parser(option, capsys):
+    from eagle_mdsd import cli
+
+    with pytest.raises(SystemExit) as stop:  # --positions 0 collected nothing and failed inside torch.cat
+        cli.build_parser().parse_args(["study", "all", option, "0"])
+    assert stop.value.code == 2 and f"argument {option}: must be at least 1, got 0" in capsys.readouterr().err

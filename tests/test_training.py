@@ -166,6 +166,18 @@ def test_missing_prompt_file_is_a_clear_error(tmp_path):
         training.load_prompts([tmp_path / "nope.json"])
 
 
+def test_a_prompt_file_that_is_not_json_is_a_one_line_error_naming_it(tmp_path):
+    (tmp_path / "cut.jsonl").write_text('{"prompt": "Name a colour."}\n\n{"prompt": "cut\n')
+    with pytest.raises(ValueError, match="prompt file .*cut.jsonl, line 3 is not JSON"):
+        training.load_prompts([tmp_path / "cut.jsonl"])
+    (tmp_path / "cut.json").write_text('[{"prompt": "Name a colour."},\n {"prompt"')
+    with pytest.raises(ValueError, match="prompt file .*cut.json is not JSON .* at line 2"):
+        training.load_prompts([tmp_path / "cut.json"])
+    (tmp_path / "cut.json").write_text('"just a text"')  # JSON, but no records in it
+    with pytest.raises(ValueError, match="no usable prompts"):
+        training.load_prompts([tmp_path / "cut.json"])
+
+
 def test_exporting_a_run_that_has_not_trained_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="no checkpoint.pt in .*: run `eagle-mdsd train-head train --run"):
         training.export(tmp_path / "untrained", tmp_path / "head")
