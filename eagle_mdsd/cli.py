@@ -136,6 +136,7 @@ def _runner(args, device=None):
     from . import head, models, suite
 
     engine.check_temperature(args.temperature, "--temperature")
+    _check_method_options(args)
     topology = _topology(args) if args.method == "eagle" else None
     verification.check_pair(args.drafter, args.verifier)
     if topology is not None:
@@ -357,13 +358,35 @@ def cmd_sweep(args) -> None:
     print(md.read_text())
 
 
+# Options that shape EAGLE's drafts only, with their defaults: another --method given one of them is refused.
+EAGLE_OPTIONS = {"tree": "eagle_default", "drafter": "topk", "verifier": "topk", "draft_vocab": "auto",
+                 "ea_model": None, "total_tokens": None, "depth": None, "top_k": None, "nodes": None, "threshold": None,
+                 "max_depth": None}
+
+
+def _check_method_options(args) -> None:
+    """A one-line error when --method is not eagle but EAGLE-only options (or, for the transformers peers,
+    --kernels) were given: they would be parsed and ignored."""
+    from . import peers
+
+    if args.method == "eagle":
+        return
+    given = [name for name, default in EAGLE_OPTIONS.items() if getattr(args, name, default) != default]
+    if args.method in peers.METHODS and args.kernels != "auto":
+        given.append("kernels")  # the peers run transformers' stock kernels, as users run them
+    if given:
+        flags = ", ".join("--" + name.replace("_", "-") for name in given)
+        raise ValueError(f"{flags} {'does' if len(given) == 1 else 'do'} nothing with --method {args.method}: "
+                         f"drop {'it' if len(given) == 1 else 'them'}, or use --method eagle")
+
+
 def _add_tree_options(parser) -> None:
-    parser.add_argument("--tree", default="eagle_default",
+    parser.add_argument("--tree", default=EAGLE_OPTIONS["tree"],
                         help="tree name (tree_configs/), chainN, a .json file, or a dynamic tree: eagle2, opt_tree; "
                              "+lookup or +lookupN after any of them adds prompt-lookup drafts")
-    parser.add_argument("--drafter", default="topk", help="drafting scheme (eagle-mdsd pairs lists them)")
-    parser.add_argument("--verifier", default="topk", help="verifier (eagle-mdsd pairs lists them)")
-    parser.add_argument("--draft-vocab", type=_draft_vocab, default="auto", help=DRAFT_VOCAB_HELP)
+    parser.add_argument("--drafter", default=EAGLE_OPTIONS["drafter"], help="drafting scheme (eagle-mdsd pairs lists them)")
+    parser.add_argument("--verifier", default=EAGLE_OPTIONS["verifier"], help="verifier (eagle-mdsd pairs lists them)")
+    parser.add_argument("--draft-vocab", type=_draft_vocab, default=EAGLE_OPTIONS["draft_vocab"], help=DRAFT_VOCAB_HELP)
     parser.add_argument("--total-tokens", type=int, default=None, help="eagle2: tokens verified per cycle (60)")
     parser.add_argument("--depth", type=int, default=None, help="eagle2: draft levels (6)")
     parser.add_argument("--top-k", type=int, default=None, help="eagle2 / opt_tree: children per expanded node (10 / 8)")
@@ -529,7 +552,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "entries without their own pair (default chain2: on a 2-core CPU 86 tokens/s "
                                    "against eagle_default's 60 at T = 1); 'same' keeps each tree")
     suite_parser.add_argument("--seed", type=int, default=0)
-    suite_parser.add_argument("--draft-vocab", type=_draft_vocab, default="auto", help=DRAFT_VOCAB_HELP)
+    suite_parser.add_argument("--draft-vocab", type=_draft_vocab, default=EAGLE_OPTIONS["draft_vocab"], help=DRAFT_VOCAB_HELP)
     _add_kernels_option(suite_parser)
     suite_parser.add_argument("--name", default=None, help="run name (default benchmark_<date>_<dtype>); reruns resume")
     suite_parser.add_argument("--out", default="evaluation/results")

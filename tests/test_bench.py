@@ -288,6 +288,22 @@ def test_an_answer_file_that_is_a_folder_is_refused_before_the_model_loads(tmp_p
     assert f"--answer-file {tmp_path} is a folder" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["generate", "--prompt", "hi", "--method", "prompt_lookup", "--tree", "chain2"], "--tree does nothing"),
+    (["generate", "--prompt", "hi", "--method", "baseline", "--drafter", "greedy", "--verifier", "greedy"],
+     "--drafter, --verifier do nothing with --method baseline: drop them"),
+    (["bench", "--method", "hf_generate", "--kernels", "packed"], "--kernels does nothing with --method hf_generate"),
+    (["bench", "--method", "baseline", "--ea-model", "random", "--total-tokens", "30"],
+     "--ea-model, --total-tokens do nothing"),
+])
+def test_eagle_options_with_another_method_are_refused_before_the_model_loads(argv, message, monkeypatch, capsys):
+    from eagle_mdsd import cli, models
+
+    monkeypatch.setattr(models, "load_target", lambda *args: pytest.fail("the model loaded"))
+    assert cli.main(argv) == 2  # they were parsed and ignored: the answers came from the plain method
+    assert message in capsys.readouterr().err
+
+
 def test_goals_compare_eagle_with_the_peers():
     def entry(label, speed):
         return {"label": label, "categories": {"all": {"tokens_per_s": speed}}}
