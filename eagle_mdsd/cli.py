@@ -366,14 +366,15 @@ EAGLE_OPTIONS = {"tree": "eagle_default", "drafter": "topk", "verifier": "topk",
 
 def _check_method_options(args) -> None:
     """A one-line error when --method is not eagle but EAGLE-only options (or, for the transformers peers,
-    --kernels) were given: they would be parsed and ignored."""
+    --kernels or --profile) were given: they would be parsed and ignored."""
     from . import peers
 
     if args.method == "eagle":
         return
     given = [name for name, default in EAGLE_OPTIONS.items() if getattr(args, name, default) != default]
-    if args.method in peers.METHODS and args.kernels != "auto":
-        given.append("kernels")  # the peers run transformers' stock kernels, as users run them
+    if args.method in peers.METHODS:  # the peers run transformers' stock kernels, as users run them,
+        given += [name for name, unset in (("kernels", "auto"), ("profile", False))  # and time no phases
+                  if getattr(args, name, unset) != unset]
     if given:
         flags = ", ".join("--" + name.replace("_", "-") for name in given)
         raise ValueError(f"{flags} {'does' if len(given) == 1 else 'do'} nothing with --method {args.method}: "

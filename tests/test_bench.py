@@ -293,6 +293,7 @@ def test_an_answer_file_that_is_a_folder_is_refused_before_the_model_loads(tmp_p
     (["generate", "--prompt", "hi", "--method", "baseline", "--drafter", "greedy", "--verifier", "greedy"],
      "--drafter, --verifier do nothing with --method baseline: drop them"),
     (["bench", "--method", "hf_generate", "--kernels", "packed"], "--kernels does nothing with --method hf_generate"),
+    (["generate", "--prompt", "hi", "--method", "prompt_lookup", "--profile"], "--profile does nothing"),
     (["bench", "--method", "baseline", "--ea-model", "random", "--total-tokens", "30"],
      "--ea-model, --total-tokens do nothing"),
 ])
