@@ -208,25 +208,56 @@ def _openers(path) -> list[str] | None:
     return openers
 
 
+# The train-head options each stage reads, besides --run and --base-model; `all` runs data, train and export.
+STAGE_OPTIONS = {
+    "prompts": {"count", "openers", "seed", "dtype", "device", "max_minutes"},
+    "data": {"prompts", "max_prompts", "max_new_tokens", "batch_size", "shard_size", "mix_reference",
+             "data_temperature", "seed", "dtype", "device", "max_minutes"},
+    "train": {"data_from", "unroll", "token_weight", "token_loss", "train_draft_vocab", "init_from", "epochs", "lr",
+              "tokens_per_batch", "seed", "device", "max_minutes"},
+    "export": {"export_to", "eagle1_format"},
+    "evaluate": {"export_to"},
+}
+STAGE_OPTIONS["all"] = STAGE_OPTIONS["data"] | STAGE_OPTIONS["train"] | STAGE_OPTIONS["export"]
+_STAGE_FLAGS = {"data_temperature": "--temperature", "train_draft_vocab": "--draft-vocab"}  # dest -> flag
+
+
+def _check_stage_options(args) -> None:
+    """A one-line error for train-head options given to a stage that does not read them (parsed and ignored)."""
+    defaults = vars(build_parser().parse_args(["train-head", args.stage]))
+    unread = [name for name, value in vars(args).items()
+              if name in defaults and value != defaults[name] and name not in ("run", "base_model")
+              and name not in STAGE_OPTIONS[args.stage]]
+    if unread:
+        described = ", ".join(f"{_STAGE_FLAGS.get(name, '--' + name.replace('_', '-'))} ("
+                              f"{' / '.join(s for s in STAGE_OPTIONS if s != 'all' and name in STAGE_OPTIONS[s])})"
+                              for name in unread)
+        raise ValueError(f"{described} {'does' if len(unread) == 1 else 'do'} nothing in train-head {args.stage}: "
+                         f"drop {'it' if len(unread) == 1 else 'them'}, or give {'it' if len(unread) == 1 else 'them'} to the stage in parentheses")
+
+
 def cmd_train_head(args) -> None:
     from . import training
 
+    _check_stage_options(args)
     out = Path(args.run)
     # both recipes are checked before any stage runs, so `all` does not fail on a training option after the data
     data_recipe = training.DataRecipe(max_prompts=args.max_prompts, max_new_tokens=args.max_new_tokens,
                                       batch_size=args.batch_size, shard_size=args.shard_size,
-                                      mix_reference=args.mix_reference, temperature=args.data_temperature)
+                                      mix_reference=args.mix_reference, seed=args.seed,
+                                      temperature=args.data_temperature)
     train_recipe = training.TrainRecipe(epochs=args.epochs, lr=args.lr, tokens_per_batch=args.tokens_per_batch,
                                         seed=args.seed, data_from=args.data_from, unroll=args.unroll,
                                         init_from=args.init_from, token_weight=args.token_weight,
                                         draft_vocab=args.train_draft_vocab, token_loss=args.token_loss)
     if args.stage == "prompts":
         path = training.self_prompts(out, args.count, args.base_model, args.dtype, seed=args.seed,
-                                     max_minutes=args.max_minutes, openers=_openers(args.openers))
+                                     max_minutes=args.max_minutes, openers=_openers(args.openers), device=args.device)
         print(f"{len(training.load_prompts([path]))} self-written prompts in {path}")
     if args.stage in ("data", "all"):
         prompts = args.prompts or [training.DEFAULT_PROMPTS]
-        shards = training.make_data(out, prompts, data_recipe, args.base_model, args.dtype, args.max_minutes)
+        shards = training.make_data(out, prompts, data_recipe, args.base_model, args.dtype, args.max_minutes,
+                                    args.device)
         print(f"{len(shards)} data shards in {out / 'data'}")
     if args.stage in ("train", "all"):
         state = training.train(out, train_recipe, args.base_model, args.device, args.max_minutes)
@@ -487,9 +518,10 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--lr", type=_positive, default=5e-4)
     train.add_argument("--tokens-per-batch", type=_count(1), default=4096)
     train.add_argument("--max-minutes", type=_positive, default=None, help="stop (resumably) after this long")
-    train.add_argument("--device", default="cpu")
+    train.add_argument("--device", default="cpu", help="prompts, data and train stages: cpu, or cuda on a GPU")
     train.add_argument("--seed", type=int, default=0,
-                       help="train stage: the head's initialisation and batch order; prompts stage: the sampling")
+                       help="train stage: the head's initialisation and batch order; prompts stage: the sampling; "
+                            "data stage: the prompts' shuffle, so which of them --max-prompts takes")
     train.add_argument("--export-to", default=None, help="export folder (default RUN/head)")
     train.add_argument("--eagle1-format", action="store_true", help="export pytorch_model.bin with the embedding copy")
     train.set_defaults(fn=cmd_train_head)

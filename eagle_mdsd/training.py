@@ -140,7 +140,7 @@ def user_turn_prefix(tokenizer) -> list[int]:
 
 def self_prompts(out_dir: Path, count: int, base_model=None, dtype: str = "bfloat16", batch_size: int = 64,
                  max_tokens: int = 96, seed: int = 0, max_minutes: float | None = None,
-                 openers: list[str] | None = None) -> Path:
+                 openers: list[str] | None = None, device: str = "cpu") -> Path:
     """Append instructions the target writes itself to RUN/self_prompts.jsonl until `count` are there.
 
     Batch b samples at temperature 1 with the seed (seed, b), so a rerun continues with the same
@@ -155,7 +155,7 @@ def self_prompts(out_dir: Path, count: int, base_model=None, dtype: str = "bfloa
     records = jsonl.records(path)
     seen = {_normalise(r["prompt"]) for r in records} | benchmark_texts()
     next_batch = max((r["batch"] for r in records), default=-1) + 1
-    target, tokenizer = models.load_target(base_model, models.parse_dtype(dtype))
+    target, tokenizer = models.load_target(base_model, models.parse_dtype(dtype), device)
     header = user_turn_prefix(tokenizer)
     stop = set(models.eos_token_ids(target, tokenizer))
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -171,7 +171,8 @@ def self_prompts(out_dir: Path, count: int, base_model=None, dtype: str = "bfloa
             print(f"time budget reached: {written} prompts written; rerun to continue")
             break
         opener = openers[next_batch % len(openers)] if openers else ""
-        prefix = torch.tensor([header + tokenizer(opener, add_special_tokens=False)["input_ids"]] * batch_size)
+        prefix = torch.tensor([header + tokenizer(opener, add_special_tokens=False)["input_ids"]] * batch_size,
+                              device=target.device)
         torch.manual_seed(seed * 1_000_003 + next_batch)
         with torch.inference_mode():
             out = target.generate(prefix, attention_mask=torch.ones_like(prefix), do_sample=True, temperature=1.0,
@@ -255,22 +256,25 @@ class DataRecipe:
 
 
 def make_data(out_dir: Path, prompt_paths, recipe: DataRecipe = DataRecipe(), base_model=None,
-              dtype: str = "bfloat16", max_minutes: float | None = None) -> list[Path]:
+              dtype: str = "bfloat16", max_minutes: float | None = None, device: str = "cpu") -> list[Path]:
     """The target's answers to the prompts in `prompt_paths` and its features, made by `recipe`, in shards under
     out_dir/data; a rerun continues (stopping cleanly when `max_minutes` have passed)."""
     prompts = load_prompts(prompt_paths)  # bad prompt files fail before the run folder is made
     data_dir = Path(out_dir) / "data"
     data_dir.mkdir(parents=True, exist_ok=True)
     record = data_dir / "prompts.json"
-    made_at = json.loads(record.read_text()).get("temperature", 0.0) if record.exists() else recipe.temperature
-    if made_at != recipe.temperature:
-        raise ValueError(f"{data_dir} holds answers made at temperature {made_at}: pass that --temperature, "
-                         f"or another --run")
+    if record.exists():  # a rerun continues only the shards made the same way
+        made = {"temperature": 0.0} | json.loads(record.read_text())  # the first runs recorded no temperature
+        for option, key, now in (("--temperature", "temperature", recipe.temperature),
+                                 ("--seed", "seed", recipe.seed), ("--shard-size", "shard_size", recipe.shard_size)):
+            if made.get(key, now) != now:
+                raise ValueError(f"{data_dir} holds answers made with {option} {made[key]}: pass that {option}, "
+                                 f"or another --run")
     random.Random(recipe.seed).shuffle(prompts)
     prompts = prompts[:recipe.max_prompts] if recipe.max_prompts else prompts
     record.write_text(json.dumps({"count": len(prompts), "seed": recipe.seed, "shard_size": recipe.shard_size,
                                   "sources": [str(p) for p in prompt_paths], "temperature": recipe.temperature}))
-    target, tokenizer = models.load_target(base_model, models.parse_dtype(dtype))
+    target, tokenizer = models.load_target(base_model, models.parse_dtype(dtype), device)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     shards = []
     deadline = time.monotonic() + 60 * max_minutes if max_minutes else None

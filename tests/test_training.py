@@ -161,6 +161,25 @@ def test_train_head_passes_the_token_loss_to_training(monkeypatch, tmp_path):
         assert seen["recipe"].token_loss == expected
 
 
+def test_train_head_refuses_options_its_stage_does_not_read(monkeypatch, tmp_path, capsys):
+    from eagle_mdsd import cli
+
+    run = ["--run", str(tmp_path)]
+    for stage in ("self_prompts", "make_data", "train", "export"):
+        monkeypatch.setattr(training, stage, lambda *args, **kwargs: pytest.fail("a stage ran"))
+    for argv, message in ((["data", "--epochs", "3"], "--epochs (train) does nothing in train-head data: drop it"),
+                          (["prompts", "--unroll", "2", "--temperature", "1"],
+                           "--unroll (train), --temperature (data) do nothing in train-head prompts: drop them"),
+                          (["export", "--seed", "3"], "--seed (prompts / data / train) does nothing"),
+                          (["all", "--openers", "x"], "--openers (prompts) does nothing in train-head all")):
+        assert cli.main(["train-head", *argv, *run]) == 2  # they were parsed and ignored
+        assert message in capsys.readouterr().err
+    seen = {}
+    monkeypatch.setattr(training, "make_data", lambda run, prompts, recipe, *args: seen.update(recipe=recipe) or [])
+    assert cli.main(["train-head", "data", "--seed", "7", "--max-prompts", "16", *run]) == 0
+    assert seen["recipe"].seed == 7 and seen["recipe"].max_prompts == 16  # --seed chose nothing here before
+
+
 def test_missing_prompt_file_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         training.load_prompts([tmp_path / "nope.json"])
@@ -290,6 +309,10 @@ def test_the_data_stage_samples_at_a_temperature_and_a_rerun_repeats_the_samples
     assert answers("sampled", 1.0) == sampled
     with pytest.raises(ValueError, match="temperature 1.0"):
         answers("sampled", 0.5)
+    for changed, message in ((dict(seed=1), "--seed 0: pass that --seed"), (dict(shard_size=3), "--shard-size 2")):
+        with pytest.raises(ValueError, match=message):  # the finished shards hold another shuffle or split
+            _make_data(tmp_path / "sampled", [prompts], model, **(dict(max_new_tokens=6, batch_size=2, shard_size=2,
+                                                                     temperature=1.0) | changed))
 
 
 def test_the_data_stage_answers_a_conversation_after_its_last_user_turn(tmp_path):
@@ -409,6 +432,8 @@ def test_train_head_prompts_reads_an_openers_file(monkeypatch, tmp_path):
 
 class _Parrot:
     """A stand-in target whose every message is the same text."""
+
+    device = torch.device("cpu")
 
     def __init__(self, tokenizer, text):
         self.message = tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
