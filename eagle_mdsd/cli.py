@@ -232,8 +232,9 @@ def _check_stage_options(args) -> None:
         described = ", ".join(f"{_STAGE_FLAGS.get(name, '--' + name.replace('_', '-'))} ("
                               f"{' / '.join(s for s in STAGE_OPTIONS if s != 'all' and name in STAGE_OPTIONS[s])})"
                               for name in unread)
+        it = "it" if len(unread) == 1 else "them"
         raise ValueError(f"{described} {'does' if len(unread) == 1 else 'do'} nothing in train-head {args.stage}: "
-                         f"drop {'it' if len(unread) == 1 else 'them'}, or give {'it' if len(unread) == 1 else 'them'} to the stage in parentheses")
+                         f"drop {it}, or give {it} to the stage in parentheses")
 
 
 def cmd_train_head(args) -> None:
@@ -326,9 +327,26 @@ def _floats(text: str, what: str) -> list[float]:
     return values
 
 
+def _check_benchmark_options(args, temperatures: list[float]) -> None:
+    """A one-line error for EAGLE's options when no EAGLE runs, and for the sampling ones when no T > 0 does."""
+    defaults = vars(build_parser().parse_args(["benchmark"]))
+    sampling = ["sampling_pair", "sampling_tree"]
+    if "eagle" not in args.methods.split(","):
+        unread, why = ["trees", "drafter", "verifier", *sampling, "draft_vocab"], "without eagle in --methods"
+    elif not any(t > 0 for t in temperatures):
+        unread, why = sampling, "without a temperature above 0"
+    else:
+        return
+    unread = ["--" + name.replace("_", "-") for name in unread if getattr(args, name) != defaults[name]]
+    if unread:
+        raise ValueError(f"{', '.join(unread)} {'does' if len(unread) == 1 else 'do'} nothing {why}: drop "
+                         f"{'it' if len(unread) == 1 else 'them'}")
+
+
 def cmd_benchmark(args) -> None:
     from . import suite
 
+    _check_benchmark_options(args, _floats(args.temperatures, "temperatures"))
     plan = suite.BenchmarkPlan(
         bench_name=args.bench, count=None if args.all else args.questions,
         temperatures=tuple(_floats(args.temperatures, "temperatures")), methods=tuple(args.methods.split(",")),
@@ -416,9 +434,11 @@ def _add_tree_options(parser) -> None:
     parser.add_argument("--tree", default=EAGLE_OPTIONS["tree"],
                         help="tree name (tree_configs/), chainN, a .json file, or a dynamic tree: eagle2, opt_tree; "
                              "+lookup or +lookupN after any of them adds prompt-lookup drafts")
-    parser.add_argument("--drafter", default=EAGLE_OPTIONS["drafter"], help="drafting scheme (eagle-mdsd pairs lists them)")
+    parser.add_argument("--drafter", default=EAGLE_OPTIONS["drafter"],
+                        help="drafting scheme (eagle-mdsd pairs lists them)")
     parser.add_argument("--verifier", default=EAGLE_OPTIONS["verifier"], help="verifier (eagle-mdsd pairs lists them)")
-    parser.add_argument("--draft-vocab", type=_draft_vocab, default=EAGLE_OPTIONS["draft_vocab"], help=DRAFT_VOCAB_HELP)
+    parser.add_argument("--draft-vocab", type=_draft_vocab, default=EAGLE_OPTIONS["draft_vocab"],
+                        help=DRAFT_VOCAB_HELP)
     parser.add_argument("--total-tokens", type=int, default=None, help="eagle2: tokens verified per cycle (60)")
     parser.add_argument("--depth", type=int, default=None, help="eagle2: draft levels (6)")
     parser.add_argument("--top-k", type=int, default=None, help="eagle2 / opt_tree: children per expanded node (10 / 8)")
@@ -585,7 +605,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "entries without their own pair (default chain2: on a 2-core CPU 86 tokens/s "
                                    "against eagle_default's 60 at T = 1); 'same' keeps each tree")
     suite_parser.add_argument("--seed", type=int, default=0)
-    suite_parser.add_argument("--draft-vocab", type=_draft_vocab, default=EAGLE_OPTIONS["draft_vocab"], help=DRAFT_VOCAB_HELP)
+    suite_parser.add_argument("--draft-vocab", type=_draft_vocab, default="auto", help=DRAFT_VOCAB_HELP)
     _add_kernels_option(suite_parser)
     suite_parser.add_argument("--name", default=None, help="run name (default benchmark_<date>_<dtype>); reruns resume")
     suite_parser.add_argument("--out", default="evaluation/results")

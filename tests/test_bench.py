@@ -305,6 +305,18 @@ def test_eagle_options_with_another_method_are_refused_before_the_model_loads(ar
     assert message in capsys.readouterr().err
 
 
+def test_benchmark_options_that_would_do_nothing_are_refused(monkeypatch, capsys):
+    from eagle_mdsd import cli
+
+    monkeypatch.setattr(suite, "run_benchmark", lambda *args: pytest.fail("the benchmark ran"))
+    for argv, message in ((["--methods", "baseline,hf_generate", "--trees", "chain2"],
+                           "--trees does nothing without eagle in --methods"),
+                          (["--temperatures", "0", "--sampling-tree", "chain3", "--sampling-pair", "same"],
+                           "--sampling-pair, --sampling-tree do nothing without a temperature above 0: drop them")):
+        assert cli.main(["benchmark", *argv]) == 2
+        assert message in capsys.readouterr().err
+
+
 def test_goals_compare_eagle_with_the_peers():
     def entry(label, speed):
         return {"label": label, "categories": {"all": {"tokens_per_s": speed}}}
