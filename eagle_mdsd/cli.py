@@ -322,6 +322,8 @@ def _floats(text: str, what: str) -> list[float]:
         values = [float(v) for v in text.split(",") if v.strip()]
     except ValueError:
         raise ValueError(f"--{what} must be comma-separated numbers such as 0,0.6,1") from None
+    if not values:
+        raise ValueError(f"--{what} names no temperature: give at least one, such as 0,1")
     for value in values:
         engine.check_temperature(value, f"each of --{what}")
     return values

@@ -413,6 +413,9 @@ def sweep(out: Path, answers: Path, plan: SweepPlan = SweepPlan()) -> Path:
                 except ValueError:
                     continue  # e.g. spechub needs two children at every node; dynamic trees take topk only
                 cells.append((t, tree_name, drafter, verifier))
+    if not cells:
+        raise ValueError(f"no pair of --pairs fits any tree of --trees ({', '.join(topologies)}): e.g. spechub needs "
+                         f"two children at every node, opt_tree topk drafts")
     chosen = spread(questions.load(plan.bench_name), plan.count)
     target, tokenizer = models.load_target(None, models.parse_dtype(plan.dtype), plan.device)
     draft_head = head.load_head(models.DEFAULT_HEAD, target)

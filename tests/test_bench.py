@@ -423,6 +423,17 @@ def test_a_sweep_runs_every_cell_that_fits_and_a_rerun_resumes(tmp_path):
     assert "| chain2 | topk | topk | " in page.read_text()
 
 
+def test_a_sweep_or_benchmark_with_nothing_to_run_is_refused(monkeypatch, capsys):
+    from eagle_mdsd import cli
+
+    monkeypatch.setattr(models, "load_target", lambda *args: pytest.fail("the model loaded"))
+    with pytest.raises(ValueError, match="no pair of --pairs fits any tree of --trees \\(chain2\\)"):
+        suite.sweep("unused", "unused", suite.SweepPlan(trees=("chain2",), pairs=(("spechub", "spechub"),)))
+    for command in ("sweep", "benchmark"):  # an empty page, or a bare Errno after the model loaded
+        assert cli.main([command, "--temperatures", " , "]) == 2
+        assert "--temperatures names no temperature" in capsys.readouterr().err
+
+
 def test_a_benchmark_resumes_only_answers_made_with_the_same_settings(tmp_path):
     folder = tmp_path / "benchmark_x"
     settings = {"head": suite.head_checksum(models.DEFAULT_HEAD), "dtype": "bfloat16", "trees": ["eagle_default"]}
