@@ -111,8 +111,9 @@ def _answer_fault(row) -> str | None:
 def read_rows(answer_file: Path) -> list[dict]:
     """The finished questions of an answer file (none if it does not exist; a line cut short is not one, see
     jsonl.py); a line that is not an answer record (an edited or foreign file) is a one-line error naming it."""
-    rows = jsonl.records(answer_file)
-    for (number, _), row in zip(jsonl.lines(answer_file), rows):
+    numbered = jsonl.lines(answer_file)  # read once: the records and their line numbers
+    rows = jsonl.decode(numbered, str(answer_file), "delete that line, and a rerun writes its record again")
+    for (number, _), row in zip(numbered, rows):
         fault = _answer_fault(row)
         if fault:
             raise ValueError(f"answer file {answer_file}, line {number} is not an answer record ({fault}): "

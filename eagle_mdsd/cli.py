@@ -208,6 +208,13 @@ def _openers(path) -> list[str] | None:
     return openers
 
 
+def _does_nothing(flags: list[str], where: str, remedy: str = "") -> ValueError:
+    """The one-line error for options parsed and then ignored: '--a, --b do nothing WHERE: drop them[, REMEDY]'."""
+    one = len(flags) == 1
+    return ValueError(f"{', '.join(flags)} {'does' if one else 'do'} nothing {where}: drop {'it' if one else 'them'}"
+                      + (f", or {remedy.format(it='it' if one else 'them')}" if remedy else ""))
+
+
 # The train-head options each stage reads, besides --run and --base-model; `all` runs data, train and export.
 STAGE_OPTIONS = {
     "prompts": {"count", "openers", "seed", "dtype", "device", "max_minutes"},
@@ -219,7 +226,12 @@ STAGE_OPTIONS = {
     "evaluate": {"export_to"},
 }
 STAGE_OPTIONS["all"] = STAGE_OPTIONS["data"] | STAGE_OPTIONS["train"] | STAGE_OPTIONS["export"]
-_STAGE_FLAGS = {"data_temperature": "--temperature", "train_draft_vocab": "--draft-vocab"}  # dest -> flag
+_RENAMED = {"data_temperature": "--temperature", "train_draft_vocab": "--draft-vocab"}  # dest -> its flag
+
+
+def _flag(name: str) -> str:
+    """The command-line flag of an argparse destination: 'max_new_tokens' -> '--max-new-tokens'."""
+    return _RENAMED.get(name, "--" + name.replace("_", "-"))
 
 
 def _check_stage_options(args) -> None:
@@ -229,12 +241,10 @@ def _check_stage_options(args) -> None:
               if name in defaults and value != defaults[name] and name not in ("run", "base_model")
               and name not in STAGE_OPTIONS[args.stage]]
     if unread:
-        described = ", ".join(f"{_STAGE_FLAGS.get(name, '--' + name.replace('_', '-'))} ("
-                              f"{' / '.join(s for s in STAGE_OPTIONS if s != 'all' and name in STAGE_OPTIONS[s])})"
-                              for name in unread)
-        it = "it" if len(unread) == 1 else "them"
-        raise ValueError(f"{described} {'does' if len(unread) == 1 else 'do'} nothing in train-head {args.stage}: "
-                         f"drop {it}, or give {it} to the stage in parentheses")
+        readers = {name: " / ".join(s for s in STAGE_OPTIONS if s != "all" and name in STAGE_OPTIONS[s])
+                   for name in unread}
+        described = [f"{_flag(name)} ({stages})" for name, stages in readers.items()]
+        raise _does_nothing(described, f"in train-head {args.stage}", "give {it} to the stage in parentheses")
 
 
 def cmd_train_head(args) -> None:
@@ -329,7 +339,7 @@ def _floats(text: str, what: str) -> list[float]:
     return values
 
 
-def _check_benchmark_options(args, temperatures: list[float]) -> None:
+def _check_benchmark_options(args, temperatures) -> None:
     """A one-line error for EAGLE's options when no EAGLE runs, and for the sampling ones when no T > 0 does."""
     defaults = vars(build_parser().parse_args(["benchmark"]))
     sampling = ["sampling_pair", "sampling_tree"]
@@ -339,19 +349,19 @@ def _check_benchmark_options(args, temperatures: list[float]) -> None:
         unread, why = sampling, "without a temperature above 0"
     else:
         return
-    unread = ["--" + name.replace("_", "-") for name in unread if getattr(args, name) != defaults[name]]
+    unread = [_flag(name) for name in unread if getattr(args, name) != defaults[name]]
     if unread:
-        raise ValueError(f"{', '.join(unread)} {'does' if len(unread) == 1 else 'do'} nothing {why}: drop "
-                         f"{'it' if len(unread) == 1 else 'them'}")
+        raise _does_nothing(unread, why)
 
 
 def cmd_benchmark(args) -> None:
     from . import suite
 
-    _check_benchmark_options(args, _floats(args.temperatures, "temperatures"))
+    temperatures = tuple(_floats(args.temperatures, "temperatures"))
+    _check_benchmark_options(args, temperatures)
     plan = suite.BenchmarkPlan(
-        bench_name=args.bench, count=None if args.all else args.questions,
-        temperatures=tuple(_floats(args.temperatures, "temperatures")), methods=tuple(args.methods.split(",")),
+        bench_name=args.bench, count=None if args.all else args.questions, temperatures=temperatures,
+        methods=tuple(args.methods.split(",")),
         trees=tuple(args.trees), drafter=args.drafter, verifier=args.verifier, sampling_pair=args.sampling_pair,
         sampling_tree=args.sampling_tree, draft_vocab=args.draft_vocab, kernels_choice=args.kernels, dtype=args.dtype,
         device=args.device, max_new_tokens=args.max_new_tokens, seed=args.seed, name=args.name)
@@ -427,9 +437,7 @@ def _check_method_options(args) -> None:
         given += [name for name, unset in (("kernels", "auto"), ("profile", False))  # and time no phases
                   if getattr(args, name, unset) != unset]
     if given:
-        flags = ", ".join("--" + name.replace("_", "-") for name in given)
-        raise ValueError(f"{flags} {'does' if len(given) == 1 else 'do'} nothing with --method {args.method}: "
-                         f"drop {'it' if len(given) == 1 else 'them'}, or use --method eagle")
+        raise _does_nothing([_flag(name) for name in given], f"with --method {args.method}", "use --method eagle")
 
 
 def _add_tree_options(parser) -> None:

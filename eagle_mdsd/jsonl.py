@@ -19,16 +19,22 @@ def lines(path: Path) -> list[tuple[int, str]]:
     return [(number, line) for number, line in enumerate(finished, 1) if line.strip()]
 
 
-def records(path: Path) -> list:
-    """The JSON value of each finished line; a line that is not JSON is a one-line error naming it."""
+def decode(numbered_lines, name: str, advice: str) -> list:
+    """The JSON value of each (line number, text); a line that is not JSON is a one-line error naming `name` and
+    the line, then `advice`."""
     values = []
-    for number, line in lines(path):
+    for number, line in numbered_lines:
         try:
             values.append(json.loads(line))
         except json.JSONDecodeError as error:
-            raise ValueError(f"{path}, line {number} is not JSON ({error.msg} at column {error.colno}): delete "
-                             f"that line, and a rerun writes its record again") from None
+            raise ValueError(f"{name}, line {number} is not JSON ({error.msg} at column {error.colno}): "
+                             f"{advice}") from None
     return values
+
+
+def records(path: Path) -> list:
+    """The JSON value of each finished line; a line that is not JSON is a one-line error naming it."""
+    return decode(lines(path), str(path), "delete that line, and a rerun writes its record again")
 
 
 def drop_cut_short_line(path: Path) -> None:

@@ -54,16 +54,8 @@ def _records(path: Path):
     is not JSON is a one-line error naming it."""
     text = path.read_text()
     if path.suffix == ".jsonl":
-        records = []
-        for number, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as error:
-                raise ValueError(f"prompt file {path}, line {number} is not JSON ({error.msg} at column "
-                                 f"{error.colno}): write one JSON object a line") from None
-        return records
+        numbered = [(number, line) for number, line in enumerate(text.splitlines(), 1) if line.strip()]
+        return jsonl.decode(numbered, f"prompt file {path}", "write one JSON object a line")
     try:
         data = json.loads(text)
     except json.JSONDecodeError as error:
@@ -213,9 +205,9 @@ def _features(target, sequences: list[list[int]], pad_id: int) -> list[torch.Ten
 
 
 def _generate(target, prompts: list[list[int]], max_new_tokens: int, pad_id: int, temperature: float = 0.0,
-              seed: int = 0) -> list[list[int]]:
+              seed: int = 0, **generate_options) -> list[list[int]]:
     """Responses, batched with left padding: greedy, or sampled at `temperature` (plain sampling, no top-k or
-    top-p) from torch's generator seeded with `seed`."""
+    top-p) from torch's generator seeded with `seed`; `generate_options` go to `target.generate` as they are."""
     length = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), length), pad_id, dtype=torch.long)
     mask = torch.zeros(len(prompts), length, dtype=torch.long)
@@ -227,7 +219,7 @@ def _generate(target, prompts: list[list[int]], max_new_tokens: int, pad_id: int
         sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
         torch.manual_seed(seed)
     out = target.generate(ids.to(target.device), attention_mask=mask.to(target.device), **sampling,
-                          max_new_tokens=max_new_tokens, pad_token_id=pad_id)
+                          max_new_tokens=max_new_tokens, pad_token_id=pad_id, **generate_options)
     eos = set(models.eos_token_ids(target))
     rows = out[:, length:].tolist()
     return [row[: next((i + 1 for i, t in enumerate(row) if t in eos), len(row))] for row in rows]

@@ -29,33 +29,20 @@ ARMS = {"data stage": "as `train-head data` batches them", "sorted": "sorted by 
         "sorted, packed kernels": "sorted, `kernels.pack` (bf16 on oneDNN)"}
 
 
-def _generate_static(target, prompts: list[list[int]], max_new_tokens: int, pad_id: int) -> list[list[int]]:
-    """training._generate's greedy answers with a static cache."""
-    length = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), length), pad_id, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for row, prompt in enumerate(prompts):
-        ids[row, length - len(prompt):] = torch.tensor(prompt)
-        mask[row, length - len(prompt):] = 1
-    out = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens,
-                          pad_token_id=pad_id, cache_implementation="static")
-    eos = set(models.eos_token_ids(target))
-    return [row[: next((i + 1 for i, t in enumerate(row) if t in eos), len(row))] for row in out[:, length:].tolist()]
-
-
 def answer(target, prompts: list[list[int]], arm: str, batch_size: int, max_new_tokens: int,
            pad_id: int) -> tuple[list[list[int]], float]:
     """(answers in the prompts' order, seconds) of one arm."""
     order = list(range(len(prompts)))
     if arm != "data stage":
         order.sort(key=lambda i: len(prompts[i]))
-    generate = _generate_static if arm == "sorted, static cache" else training._generate
+    options = {"cache_implementation": "static"} if arm == "sorted, static cache" else {}
     answers = [None] * len(prompts)
     start = time.perf_counter()
     with torch.inference_mode(), kernels.packed(arm == "sorted, packed kernels"):
         for first in range(0, len(order), batch_size):
             batch = order[first : first + batch_size]
-            for index, response in zip(batch, generate(target, [prompts[i] for i in batch], max_new_tokens, pad_id)):
+            responses = training._generate(target, [prompts[i] for i in batch], max_new_tokens, pad_id, **options)
+            for index, response in zip(batch, responses):
                 answers[index] = response
     return answers, time.perf_counter() - start
 
