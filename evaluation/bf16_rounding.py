@@ -12,7 +12,12 @@ first module whose root-row output differs (forward hooks on every decoder
 layer's attention and MLP), then tests that module's attention call two ways:
 the tree's call with its keys cut to the root's own (the tree's masked entries
 dropped), and the tree's query rows through the linear layers against one row.
-Writes evaluation/results/bf16_rounding_<date>.md.
+Then the remedy the first part suggests, tested: every tree row's attention as a call of its own over
+a gathered copy of the keys it sees (the one-token step's kernel; `per_row_sdpa`). Per question, the first
+module whose root-row output still differs with it, and end to end (the shipped head, eagle_default, 128
+tokens) whether the engine's tokens equal `generate`'s with the engine's attention and with per-row
+attention. Last, each linear layer of decoder layer 0 on M random rows against M one-row products: the part
+per-row attention leaves. Writes evaluation/results/bf16_rounding_<date>.md.
 
     .venv/bin/python evaluation/bf16_rounding.py [--questions 8]
 """
@@ -20,12 +25,50 @@ Writes evaluation/results/bf16_rounding_<date>.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from eagle_mdsd import benchmarks, engine, kernels, models, questions, tree
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from eagle_mdsd import benchmarks, engine, head, kernels, models, questions, tree
+
+
+def per_row_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """Attention with a mask of several query rows as one call per row over a gathered copy of the keys that row
+    sees, without a mask: the call a one-token step makes (transformers' SDPA attention)."""
+    if query.shape[2] == 1 or attention_mask is None:
+        return kernels.gqa_sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    visible = attention_mask[0, 0] == 0
+    rows = []
+    for row in range(query.shape[2]):
+        keys = visible[row].nonzero()[:, 0]
+        rows.append(sdpa_attention_forward(module, query[:, :, row : row + 1], key[:, :, keys], value[:, :, keys],
+                                           None, dropout=dropout, scaling=scaling, **kwargs)[0])
+    return torch.cat(rows, 1), None
+
+
+PER_ROW = "bf16_rounding_per_row"
+
+
+@contextlib.contextmanager
+def attention_per_row(target, enabled: bool = True):
+    """Inside, the target's attention runs `per_row_sdpa` (its masks: SDPA's)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(PER_ROW, per_row_sdpa)
+    AttentionMaskInterface.register(PER_ROW, sdpa_mask)
+    previous = target.config._attn_implementation
+    if enabled:
+        target.config._attn_implementation = PER_ROW
+    try:
+        yield
+    finally:
+        target.config._attn_implementation = previous
 
 
 def root_rows(target, prompt: list[int], topology, packed: bool) -> dict[int, tuple[dict, tuple]]:
@@ -75,6 +118,51 @@ def root_rows(target, prompt: list[int], topology, packed: bool) -> dict[int, tu
     return results
 
 
+def first_difference(one: dict, other: dict) -> str:
+    return next((name for name in one if not torch.equal(one[name], other[name])), "none")
+
+
+def end_to_end(target, tokenizer, prompts: list[list[int]], max_new_tokens: int = 128) -> list[dict]:
+    """Per prompt: whether the engine's T = 0 tokens (shipped head, eagle_default) equal `generate`'s, with the
+    engine's attention and with `per_row_sdpa`; the first differing token and the engine's seconds."""
+    decoder = engine.Decoder(target, head.load_head(models.DEFAULT_HEAD, target), tree.load("eagle_default"),
+                             eos_token_ids=models.eos_token_ids(target, tokenizer))
+    rows = []
+    for prompt in prompts:
+        with torch.inference_mode():
+            reference = target.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens,
+                                        do_sample=False)[0, len(prompt):].tolist()
+        row = {}
+        for arm, per_row in (("engine", False), ("per_row", True)):
+            with attention_per_row(target, per_row):
+                started = time.perf_counter()
+                tokens = decoder.generate(prompt, max_new_tokens, 0.0).token_ids
+                row[f"{arm}_s"] = time.perf_counter() - started
+            differs = [i for i, (a, b) in enumerate(zip(tokens, reference)) if a != b]
+            row[arm] = "same" if tokens == reference else (differs[0] if differs else min(len(tokens), len(reference)))
+        rows.append(row)
+        print(row)
+    return rows
+
+
+def linear_rows(target, packed: bool, sizes=(2, 4, 8, 16, 26, 32)) -> list[str]:
+    """For each linear layer of decoder layer 0: of M random rows (seed 0), how many differ from one-row
+    products, bit for bit."""
+    generator = torch.Generator().manual_seed(0)
+    layer, lines = target.get_decoder().layers[0], []
+    for name in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"):
+        module = getattr(layer.self_attn, name, None) or getattr(layer.mlp, name)
+        counts = []
+        for size in sizes:
+            inputs = torch.randn(size, module.in_features, generator=generator).to(torch.bfloat16)
+            with torch.inference_mode(), kernels.packed(packed):
+                together = module(inputs)
+                alone = torch.cat([module(inputs[i : i + 1]) for i in range(size)])
+            counts.append(str(int((together != alone).any(-1).sum())))
+        lines.append(f"| {name} ({module.in_features} -> {module.out_features}) | " + " | ".join(counts) + " |")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--questions", type=int, default=8)
@@ -86,12 +174,15 @@ def main() -> None:
     if packed:
         kernels.pack(target)
     topology = tree.load("eagle_default")
-    rows_out = []
-    for question in questions.load("mt_bench")[: args.questions]:
+    rows_out, prompts = [], []
+    chosen = questions.load("mt_bench")[: args.questions]
+    ids = [question["question_id"] for question in chosen]
+    for question in chosen:
         prompt = models.chat_prompt_ids(tokenizer, question["turns"][0])
+        prompts.append(prompt)
         (step_outputs, step_calls), (tree_outputs, tree_calls) = root_rows(target, prompt, topology, packed).values()
-        first = next((name for name in step_outputs if not torch.equal(step_outputs[name], tree_outputs[name])), None)
-        layer = int(first.split()[1]) if first else 0
+        first = first_difference(step_outputs, tree_outputs)
+        layer = int(first.split()[1]) if first != "none" else 0
         query, key, value, mask, kwargs, output = tree_calls[layer]  # that layer's attention call
         step_query, step_key = step_calls[layer][:2]
         step_row = step_calls[layer][5].reshape(1, query.shape[1], -1)  # the step's call may fold heads into rows
@@ -103,30 +194,46 @@ def main() -> None:
         same_inputs = (torch.equal(step_query.reshape(1, query.shape[1], -1), query[:, :, 0])
                        and torch.equal(step_key, key[:, :, : step_key.shape[2]]))
         checks = [same_inputs] + [torch.equal(row[:, :, 0], step_row) for row in (output, cut, alone)]
-        rows_out.append(f"| {question['question_id']} | {len(prompt)} | {first or 'none'} | "
-                        + " | ".join("yes" if check else "no" for check in checks) + " |")
+        with attention_per_row(target):
+            step, whole = root_rows(target, prompt, topology, packed).values()
+        per_row = first_difference(step[0], whole[0])
+        rows_out.append(f"| {question['question_id']} | {len(prompt)} | {first} | "
+                        + " | ".join("yes" if check else "no" for check in checks) + f" | {per_row} |")
         print(rows_out[-1])
-    weight = target.get_decoder().layers[0].mlp.gate_proj
-    inputs = torch.randn(topology.size + 1, weight.in_features, dtype=torch.bfloat16)
-    with torch.inference_mode(), kernels.packed(packed):
-        invariant = torch.equal(weight(inputs)[:1], weight(inputs[:1]))
+    ends = end_to_end(target, tokenizer, prompts)
+    end_lines = [f"| {prompt_id} | {row['engine']} | {row['per_row']} | {row['per_row_s'] / row['engine_s']:.2f} |"
+                 for prompt_id, row in zip(ids, ends)]
+    same = [sum(row[arm] == "same" for row in ends) for arm in ("engine", "per_row")]
+    slower = sum(row["per_row_s"] for row in ends) / sum(row["engine_s"] for row in ends)
+    sizes = (2, 4, 8, 16, 26, 32)
+    kind = "Packed" if packed else "Stock"
     page = benchmarks.write_page(
         Path(__file__).resolve().parent / "results", "bf16_rounding",
         "Where a bf16 tree forward first rounds differently from a one-token step",
-        f"{'Packed' if packed else 'Stock'} linear kernels. "
+        f"{kind} linear kernels. "
         f"Embedded default in bf16, the first turns of the first {args.questions} MT-Bench questions; after the "
         "prefill, the greedy next token alone and as the root of an eagle_default tree of random drafts, with the "
         "masks the engine passes (none for the prefill and the step, as `generate`; the tree's). 'First "
-        "module' is the first attention or MLP whose root-row output differs; the other columns test that layer's "
+        "module' is the first attention or MLP whose root-row output differs; the next columns test that layer's "
         "attention call in the tree forward: whether its root row's query and the keys it shares with the step "
         "are the step's, and its root-row output against the one-token step's, bit for bit, as the tree computes "
         "it (26 query rows over the prompt, the root and 25 masked draft keys), recomputed over the prompt and "
-        "the root only (26 rows), and for the root row alone over those keys. Linear layer on 26 rows, first row "
-        f"bit for bit the one-row product: "
-        f"{'yes' if invariant else 'no'}. Command: `.venv/bin/python evaluation/bf16_rounding.py --questions "
-        f"{args.questions}`.",
+        "the root only (26 rows), and for the root row alone over those keys. The last column: the first module "
+        "that still differs when every tree row's attention is a call of its own over a gathered copy of the keys "
+        "it sees, without a mask (`per_row_sdpa`: the call a one-token step makes). Command: "
+        f"`.venv/bin/python evaluation/bf16_rounding.py --questions {args.questions}`.",
         ["| question | prompt tokens | first module | same inputs | tree call = step | over the root's own keys = "
-         "step | the root row alone over them = step |", "|---|---|---|---|---|---|---|", *rows_out])
+         "step | the root row alone over them = step | first module, attention per row |",
+         "|---|---|---|---|---|---|---|---|", *rows_out, "",
+         "End to end: the engine at T = 0 (shipped head, eagle_default, 128 new tokens) against transformers' greedy "
+         "`generate` from the same prompt, with the engine's attention and with attention per row: 'same' when "
+         f"every token is `generate`'s, else the first token that differs. Identical: {same[0]} and {same[1]} of "
+         f"{len(ends)}; attention per row took {slower:.2f}x the engine's time.", "",
+         "| question | engine | attention per row | time, per row / engine |", "|---|---|---|---|", *end_lines, "",
+         f"What attention per row leaves: {kind.lower()} linear layers of decoder layer 0 on M random bf16 rows "
+         "(seed 0), the rows whose outputs differ from one-row products, bit for bit:", "",
+         "| layer | " + " | ".join(f"M = {size}" for size in sizes) + " |", "|---" * (len(sizes) + 1) + "|",
+         *linear_rows(target, packed, sizes)])
     print(f"wrote evaluation/results/{page.name}")
 
 
