@@ -82,7 +82,7 @@ def train_layer(weight: torch.Tensor, predicted: torch.Tensor, truth: torch.Tens
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
-        yield epoch, trained.detach().clone(), float(loss)
+        yield epoch, trained.detach().clone(), loss.item()
 
 
 def main() -> None:
