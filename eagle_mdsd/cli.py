@@ -219,7 +219,7 @@ def _does_nothing(flags: list[str], where: str, remedy: str = "") -> ValueError:
 STAGE_OPTIONS = {
     "prompts": {"count", "openers", "seed", "dtype", "device", "max_minutes"},
     "data": {"prompts", "max_prompts", "max_new_tokens", "batch_size", "shard_size", "mix_reference",
-             "data_temperature", "seed", "dtype", "device", "max_minutes"},
+             "data_temperature", "sort_by_length", "seed", "dtype", "device", "max_minutes"},
     "train": {"data_from", "unroll", "token_weight", "token_loss", "train_draft_vocab", "init_from", "epochs", "lr",
               "tokens_per_batch", "seed", "device", "max_minutes"},
     "export": {"export_to", "eagle1_format"},
@@ -256,7 +256,7 @@ def cmd_train_head(args) -> None:
     data_recipe = training.DataRecipe(max_prompts=args.max_prompts, max_new_tokens=args.max_new_tokens,
                                       batch_size=args.batch_size, shard_size=args.shard_size,
                                       mix_reference=args.mix_reference, seed=args.seed,
-                                      temperature=args.data_temperature)
+                                      temperature=args.data_temperature, sort_by_length=args.sort_by_length)
     train_recipe = training.TrainRecipe(epochs=args.epochs, lr=args.lr, tokens_per_batch=args.tokens_per_batch,
                                         seed=args.seed, data_from=args.data_from, unroll=args.unroll,
                                         init_from=args.init_from, token_weight=args.token_weight,
@@ -540,6 +540,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--batch-size", type=_count(1), default=128,
                        help="generation batch in the data stage (on 2 CPU cores 128 answers 1.2x as fast as 32)")
     train.add_argument("--shard-size", type=_count(1), default=256)
+    train.add_argument("--sort-by-length", action="store_true",
+                       help="data stage: batch each shard's prompts shortest first, so batches pad less (1.2x the "
+                            "answers a second on 2 CPU cores; in bf16 some answers change with their batch)")
     train.add_argument("--mix-reference", action="store_true", help="also train on the datasets' responses")
     train.add_argument("--temperature", dest="data_temperature", type=float, default=0.0,
                        help="data stage: sample the answers at this temperature (default 0: greedy)")

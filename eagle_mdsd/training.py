@@ -230,7 +230,9 @@ class DataRecipe:
     """How `make_data` answers prompts: greedy, or sampled at `temperature` > 0 (seeded per batch, so a rerun
     repeats the answers), in batches of `batch_size`, into shards of `shard_size` prompts; prompts are shuffled
     with `seed` and cut to `max_prompts`, those longer than `max_prompt_tokens` skipped; `mix_reference` adds the
-    datasets' own responses."""
+    datasets' own responses.  `sort_by_length` batches a shard's prompts in order of length, so a left-padded
+    batch pads less (1.2x the answers a second, evaluation/data_stage_ab.py); off by default, because in bf16 an
+    answer depends on its batch's padding and the documented heads' data were made without it."""
 
     max_prompts: int | None = None
     max_new_tokens: int = 128
@@ -240,6 +242,7 @@ class DataRecipe:
     max_prompt_tokens: int = 384
     seed: int = 0
     temperature: float = 0.0
+    sort_by_length: bool = False
 
     def __post_init__(self):
         from .engine import check_temperature
@@ -256,16 +259,21 @@ def make_data(out_dir: Path, prompt_paths, recipe: DataRecipe = DataRecipe(), ba
     data_dir.mkdir(parents=True, exist_ok=True)
     record = data_dir / "prompts.json"
     if record.exists():  # a rerun continues only the shards made the same way
-        made = {"temperature": 0.0} | json.loads(record.read_text())  # the first runs recorded no temperature
+        made = {"temperature": 0.0, "sort_by_length": False} | json.loads(record.read_text())  # not in old runs
         for option, key, now in (("--temperature", "temperature", recipe.temperature),
                                  ("--seed", "seed", recipe.seed), ("--shard-size", "shard_size", recipe.shard_size)):
             if made.get(key, now) != now:
                 raise ValueError(f"{data_dir} holds answers made with {option} {made[key]}: pass that {option}, "
                                  f"or another --run")
+        if made["sort_by_length"] != recipe.sort_by_length:
+            raise ValueError(f"{data_dir} holds answers made {'with' if made['sort_by_length'] else 'without'} "
+                             f"--sort-by-length: {'pass' if made['sort_by_length'] else 'leave out'} "
+                             f"--sort-by-length, or use another --run")
     random.Random(recipe.seed).shuffle(prompts)
     prompts = prompts[:recipe.max_prompts] if recipe.max_prompts else prompts
     record.write_text(json.dumps({"count": len(prompts), "seed": recipe.seed, "shard_size": recipe.shard_size,
-                                  "sources": [str(p) for p in prompt_paths], "temperature": recipe.temperature}))
+                                  "sources": [str(p) for p in prompt_paths], "temperature": recipe.temperature,
+                                  "sort_by_length": recipe.sort_by_length}))
     target, tokenizer = models.load_target(base_model, models.parse_dtype(dtype), device)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     shards = []
@@ -279,13 +287,7 @@ def make_data(out_dir: Path, prompt_paths, recipe: DataRecipe = DataRecipe(), ba
             print(f"time budget reached: {len(list(data_dir.glob('shard_*.pt')))} shards done; rerun to continue")
             break
         samples = []
-        chunk = prompts[start : start + recipe.shard_size]
-        for batch_start in range(0, len(chunk), recipe.batch_size):
-            batch = chunk[batch_start : batch_start + recipe.batch_size]
-            encoded = [(models.chat_prompt_ids(tokenizer, item["prompt"]), item) for item in batch]
-            encoded = [(ids, item) for ids, item in encoded if len(ids) <= recipe.max_prompt_tokens]
-            if not encoded:
-                continue
+        for batch_start, encoded in _shard_batches(prompts[start : start + recipe.shard_size], tokenizer, recipe):
             prompt_ids, batch = [ids for ids, _ in encoded], [item for _, item in encoded]
             with torch.inference_mode():
                 responses = _generate(target, prompt_ids, recipe.max_new_tokens, pad_id, recipe.temperature,
@@ -305,6 +307,23 @@ def make_data(out_dir: Path, prompt_paths, recipe: DataRecipe = DataRecipe(), ba
         torch.save(samples, staging)
         os.replace(staging, shard)  # atomic: an interrupt never leaves half a shard
     return [s for s in shards if s.exists()]
+
+
+def _shard_batches(chunk: list[dict], tokenizer, recipe: DataRecipe):
+    """(first index, [(prompt ids, record)]) for each batch of a shard's prompts that `make_data` answers: batches of
+    `batch_size` in the shard's order, less the prompts over `max_prompt_tokens`; with `sort_by_length`, the shard's
+    prompts that fit, shortest first (ties in the shard's order), cut into batches."""
+    def fitting(records):
+        encoded = [(models.chat_prompt_ids(tokenizer, item["prompt"]), item) for item in records]
+        return [(ids, item) for ids, item in encoded if len(ids) <= recipe.max_prompt_tokens]
+
+    if recipe.sort_by_length:
+        ordered = sorted(fitting(chunk), key=lambda pair: len(pair[0]))
+        return [(first, ordered[first : first + recipe.batch_size])
+                for first in range(0, len(ordered), recipe.batch_size)]
+    batches = [(first, fitting(chunk[first : first + recipe.batch_size]))
+               for first in range(0, len(chunk), recipe.batch_size)]
+    return [(first, batch) for first, batch in batches if batch]
 
 
 # -- stage 2: train ------------------------------------------------------------------------

@@ -178,6 +178,10 @@ def test_train_head_refuses_options_its_stage_does_not_read(monkeypatch, tmp_pat
     monkeypatch.setattr(training, "make_data", lambda run, prompts, recipe, *args: seen.update(recipe=recipe) or [])
     assert cli.main(["train-head", "data", "--seed", "7", "--max-prompts", "16", *run]) == 0
     assert seen["recipe"].seed == 7 and seen["recipe"].max_prompts == 16  # --seed chose nothing here before
+    assert not seen["recipe"].sort_by_length
+    assert cli.main(["train-head", "data", "--sort-by-length", *run]) == 0 and seen["recipe"].sort_by_length
+    assert cli.main(["train-head", "train", "--sort-by-length", *run]) == 2
+    assert "--sort-by-length (data) does nothing in train-head train" in capsys.readouterr().err
 
 
 def test_missing_prompt_file_is_a_clear_error(tmp_path):
@@ -313,6 +317,42 @@ def test_the_data_stage_samples_at_a_temperature_and_a_rerun_repeats_the_samples
         with pytest.raises(ValueError, match=message):  # the finished shards hold another shuffle or split
             _make_data(tmp_path / "sampled", [prompts], model, **(dict(max_new_tokens=6, batch_size=2, shard_size=2,
                                                                      temperature=1.0) | changed))
+
+
+def test_the_data_stage_sorts_a_shards_prompts_by_length_only_when_asked(tmp_path, monkeypatch):
+    tokenizer = _embedded_tokenizer()
+    model = _tiny_run(tmp_path / "tiny", tokenizer)
+    prompts = tmp_path / "prompts.jsonl"
+    words = [9, 2, 14, 5, 1, 11, 7]  # a prompt of n extra words is longer than one of fewer
+    prompts.write_text("".join(json.dumps({"prompt": "Say " + "more " * n + "now."}) + "\n" for n in words))
+    batches = []
+    generate = training._generate
+    monkeypatch.setattr(training, "_generate", lambda target, ids, *args, **kwargs: batches.append(
+        [len(prompt) for prompt in ids]) or generate(target, ids, *args, **kwargs))
+
+    def shards(run, **recipe):
+        batches.clear()
+        made = _make_data(tmp_path / run, [prompts], model, max_new_tokens=3, batch_size=2, shard_size=4, **recipe)
+        return [[sample["ids"][: sample["start"]].tolist() for sample in torch.load(shard)] for shard in made]
+
+    plain = shards("plain")
+    plain_batches = list(batches)
+    ordered = shards("sorted", sort_by_length=True)
+    assert [len(batch) for batch in batches] == [2, 2, 2, 1]  # shards of 4 and 3 prompts, batches of 2
+    for first, second in ((0, 1), (2, 3)):  # within a shard, shortest first
+        lengths = batches[first] + batches[second]
+        assert lengths == sorted(lengths)
+    assert batches != plain_batches  # the shuffled order is not already sorted
+    assert [sorted(shard) for shard in ordered] == [sorted(shard) for shard in plain]  # the same prompts per shard
+    assert [[len(prompt) for prompt in shard] for shard in ordered] == [sorted(map(len, shard)) for shard in ordered]
+    with pytest.raises(ValueError, match="made without --sort-by-length: leave out --sort-by-length"):
+        shards("plain", sort_by_length=True)
+    with pytest.raises(ValueError, match="made with --sort-by-length: pass --sort-by-length"):
+        shards("sorted")
+    record = tmp_path / "plain" / "data" / "prompts.json"  # runs made before the option recorded nothing
+    record.write_text(json.dumps({key: value for key, value in json.loads(record.read_text()).items()
+                                  if key != "sort_by_length"}))
+    assert shards("plain") == plain
 
 
 def test_the_data_stage_answers_a_conversation_after_its_last_user_turn(tmp_path):
