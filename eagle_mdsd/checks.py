@@ -21,7 +21,8 @@ ALL_TREES = (BASELINE, "eagle_default", "binary_depth4", "quad_depth3", "chain4"
              "eagle_default+lookup")
 
 
-def _first_difference(a: list[int], b: list[int]) -> int | None:
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """The first position where two token lists differ (None when they are the same)."""
     for i, (x, y) in enumerate(zip(a, b)):
         if x != y:
             return i
@@ -59,7 +60,7 @@ def greedy_equivalence(rows_file: Path, question_count: int = 5, max_new_tokens:
             result = decoder.generate(prompt, max_new_tokens, 0.0, method="baseline" if topology is None else "eagle")
             row = {"dtype": dtype, "question_id": question["question_id"], "tree": tree_name,
                    "identical": result.token_ids == reference, "tokens": result.new_tokens,
-                   "first_difference": _first_difference(result.token_ids, reference), "tau": result.tau}
+                   "first_difference": first_difference(result.token_ids, reference), "tau": result.tau}
             rows_file.parent.mkdir(parents=True, exist_ok=True)  # a target that fails to load leaves nothing
             with rows_file.open("a") as handle:
                 handle.write(json.dumps(row) + "\n")

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from eagle_mdsd import benchmarks, engine, head, kernels, models, questions, tree
+from eagle_mdsd import benchmarks, checks, engine, head, kernels, models, questions, tree
 
 
 def per_row_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
@@ -118,7 +118,8 @@ def root_rows(target, prompt: list[int], topology, packed: bool) -> dict[int, tu
     return results
 
 
-def first_difference(one: dict, other: dict) -> str:
+def first_differing_module(one: dict, other: dict) -> str:
+    """The first module (in forward order) whose recorded root-row output differs between two forwards."""
     return next((name for name in one if not torch.equal(one[name], other[name])), "none")
 
 
@@ -138,8 +139,8 @@ def end_to_end(target, tokenizer, prompts: list[list[int]], max_new_tokens: int 
                 started = time.perf_counter()
                 tokens = decoder.generate(prompt, max_new_tokens, 0.0).token_ids
                 row[f"{arm}_s"] = time.perf_counter() - started
-            differs = [i for i, (a, b) in enumerate(zip(tokens, reference)) if a != b]
-            row[arm] = "same" if tokens == reference else (differs[0] if differs else min(len(tokens), len(reference)))
+            differs = checks.first_difference(tokens, reference)
+            row[arm] = "same" if differs is None else differs
         rows.append(row)
         print(row)
     return rows
@@ -181,7 +182,7 @@ def main() -> None:
         prompt = models.chat_prompt_ids(tokenizer, question["turns"][0])
         prompts.append(prompt)
         (step_outputs, step_calls), (tree_outputs, tree_calls) = root_rows(target, prompt, topology, packed).values()
-        first = first_difference(step_outputs, tree_outputs)
+        first = first_differing_module(step_outputs, tree_outputs)
         layer = int(first.split()[1]) if first != "none" else 0
         query, key, value, mask, kwargs, output = tree_calls[layer]  # that layer's attention call
         step_query, step_key = step_calls[layer][:2]
@@ -196,7 +197,7 @@ def main() -> None:
         checks = [same_inputs] + [torch.equal(row[:, :, 0], step_row) for row in (output, cut, alone)]
         with attention_per_row(target):
             step, whole = root_rows(target, prompt, topology, packed).values()
-        per_row = first_difference(step[0], whole[0])
+        per_row = first_differing_module(step[0], whole[0])
         rows_out.append(f"| {question['question_id']} | {len(prompt)} | {first} | "
                         + " | ".join("yes" if check else "no" for check in checks) + f" | {per_row} |")
         print(rows_out[-1])

@@ -103,13 +103,9 @@ def main() -> None:
     train_files, held_out, held, mt = base.held_out_sets({Path(args.data): shards}, args.mt_bench, work)
     target, draft, rows = base.frozen_target_and_shipped_head()
     draft.eval()
-    cached = work / "predictions.pt"
-    if not cached.exists():
-        found = {"held_out": predictions(draft, target, held), "mt_bench": predictions(draft, target, mt)}
-        parts = [predictions(draft, target, torch.load(shard, weights_only=True)) for shard in train_files]
-        found["train"] = {name: torch.cat([part[name] for part in parts]) for name in parts[0]}
-        torch.save(found, cached)
-    found = torch.load(cached)
+    found = {"held_out": predictions(draft, target, held), "mt_bench": predictions(draft, target, mt)}
+    parts = [predictions(draft, target, torch.load(shard, weights_only=True)) for shard in train_files]
+    found["train"] = {name: torch.cat([part[name] for part in parts]) for name in parts[0]}
     lm_weight = target.get_output_embeddings().weight.detach()
     start = lm_weight[rows].clone()
     truths = {name: greedy_tokens(lm_weight, found[name]["truth"]) for name in ("held_out", "mt_bench")}
