@@ -322,7 +322,7 @@ def cmd_report(args) -> None:
     if labels and len(labels) != len(args.answer_files):
         raise ValueError(f"--labels names {len(labels)} rows for {len(args.answer_files)} answer files: give one each")
     md, png = report.write([Path(f) for f in args.answer_files], Path(args.out), baseline, args.title, labels,
-                           args.paired)
+                           args.paired, args.window)
     print(md.read_text())
     print(f"wrote {md} and {png}")
 
@@ -591,6 +591,9 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--paired", action="store_true",
                      help="also each drafting file's tau per question against the first one's: mean difference, "
                           "standard error, questions higher and lower (how two heads compare)")
+    rep.add_argument("--window", type=int, default=None,
+                     help="also tau by position in the answer turn, N tokens a column (how acceptance changes "
+                          "along long answers)")
     rep.set_defaults(fn=cmd_report)
     suite_parser = sub.add_parser("benchmark", help="the embedded-default MT-Bench benchmark: every method, report")
     suite_parser.add_argument("--bench", default="mt_bench")

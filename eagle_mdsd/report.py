@@ -28,6 +28,24 @@ def acceptance_by_depth(lengths: list[int]) -> list[float]:
     return rates
 
 
+def tau_by_position(rows: list[dict], window: int) -> list[tuple[int, int]]:
+    """(tokens, cycles) of the cycles grouped by where in their answer turn they start: entry k holds the
+    cycles whose first token is at position k * window .. (k + 1) * window - 1.  Position 0 is the token
+    sampled after the prefill (no cycle), so a turn's first cycle starts at 1; tokens are the cycles'
+    `accept_lengths`, so a last cycle cut at max_new_tokens counts in full."""
+    windows: list[list[int]] = []
+    for row in rows:
+        for lengths in row["choices"][0].get("accept_lengths", []):
+            position = 1
+            for length in lengths:
+                k = position // window
+                windows.extend([0, 0] for _ in range(k + 1 - len(windows)))
+                windows[k][0] += length
+                windows[k][1] += 1
+                position += length
+    return [(tokens, cycles) for tokens, cycles in windows]
+
+
 def _totals(rows: list[dict]) -> dict:
     tokens = sum(sum(r["choices"][0]["new_tokens"]) for r in rows)
     cycles = sum(sum(r["choices"][0]["idxs"]) for r in rows)
@@ -75,9 +93,12 @@ def summarise(answer_file: Path) -> dict[str, dict]:
 
 
 def compare(answer_files: list[Path], baseline: Path | None = None, labels: list[str] | None = None,
-            paired: bool = False) -> list[dict]:
+            paired: bool = False, window: int | None = None) -> list[dict]:
     """One entry per answer file: its label and, per category, totals and the speedup over `baseline`; with
-    `paired`, each drafting file's tau per question against the first drafting file's (`paired_tau`)."""
+    `paired`, each drafting file's tau per question against the first drafting file's (`paired_tau`); with
+    `window`, each drafting file's tau by position in the answer (`tau_by_position`, all categories)."""
+    if window is not None and window < 1:
+        raise ValueError(f"--window is {window}: pass a number of tokens of 1 or more")
     base_rows = {r["question_id"]: r for r in bench.read_rows(baseline)} if baseline else {}
     if baseline and not base_rows:
         raise ValueError(f"baseline answer file {baseline} is missing or empty: run its benchmark first")
@@ -99,6 +120,8 @@ def compare(answer_files: list[Path], baseline: Path | None = None, labels: list
         entries.append({"label": label, "file": str(path), "categories": categories})
         if paired and "acceptance_by_depth" in categories["all"]:  # a file that drafted
             taus.append((entries[-1], question_tau(rows)))
+        if window and "acceptance_by_depth" in categories["all"]:
+            entries[-1]["tau_by_position"] = {"window": window, "windows": tau_by_position(rows, window)}
     for entry, tau in taus[1:]:
         entry["paired_tau"] = {"against": taus[0][0]["label"], **paired_tau(taus[0][1], tau)}
     return entries
@@ -145,6 +168,19 @@ def markdown(entries: list[dict]) -> str:
             t = entry["paired_tau"]
             lines.append(f"| {entry['label']} | {t['questions']} | {t['mean']:+.3f} | {t['standard_error']:.3f} | "
                          f"{t['higher']} | {t['lower']} |")
+    positioned = [e for e in entries if "tau_by_position" in e]
+    if positioned:
+        window = positioned[0]["tau_by_position"]["window"]
+        count = max(len(e["tau_by_position"]["windows"]) for e in positioned)
+        lines += ["", f"Tau by position in the answer turn (cycles grouped by the position of their first token, "
+                  f"{window} tokens a column; tokens from accept_lengths):", "",
+                  "| method | " + " | ".join(f"{k * window}-{(k + 1) * window - 1}" for k in range(count)) + " |",
+                  "|---|" + "---|" * count]
+        for entry in positioned:
+            windows = entry["tau_by_position"]["windows"]
+            lines.append(f"| {entry['label']} | " + " | ".join(
+                f"{windows[k][0] / windows[k][1]:.2f}" if k < len(windows) and windows[k][1] else "-"
+                for k in range(count)) + " |")
     profiled = [e for e in entries if "ms_per_cycle" in e["categories"]["all"]]
     if profiled:
         lines += ["", "Where a cycle's time goes (ms per target cycle):", "",
@@ -185,9 +221,9 @@ def bar_chart(entries: list[dict], png: Path, baseline: Path | None = None) -> P
 
 
 def write(answer_files: list[Path], out: Path, baseline: Path | None = None, title: str = "",
-          labels: list[str] | None = None, paired: bool = False) -> tuple[Path, Path]:
+          labels: list[str] | None = None, paired: bool = False, window: int | None = None) -> tuple[Path, Path]:
     """out.md (the tables) and out.png (the chart)."""
-    entries = compare(answer_files, baseline, labels, paired)
+    entries = compare(answer_files, baseline, labels, paired, window)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     text = (f"# {title}\n\n" if title else "") + markdown(entries)

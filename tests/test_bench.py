@@ -161,6 +161,22 @@ def test_report_acceptance_by_depth():
     assert "| m | 0.600 | 0.333 |" in text
 
 
+def test_report_tau_by_position_in_the_answer(tmp_path):
+    row = _fake_row(1, "x", [11, 9], [1.0, 1.0], [4, 8])
+    # turn 1: cycles start at positions 1, 3 (window 0) and 6, 7 (window 1); turn 2: one token a cycle
+    row["choices"][0]["accept_lengths"] = [[2, 3, 1, 4], [1] * 8]
+    assert report.tau_by_position([row], 4) == [(8, 5), (9, 6), (1, 1)]
+    assert report.tau_by_position([row], 100) == [(18, 12)]
+    answers = tmp_path / "answers.jsonl"
+    answers.write_text(json.dumps(row) + "\n")
+    assert "tau_by_position" not in report.compare([answers])[0]
+    text = report.markdown(report.compare([answers], labels=["m"], window=4))
+    assert "| method | 0-3 | 4-7 | 8-11 |" in text and "| m | 1.60 | 1.50 | 1.00 |" in text
+    assert cli.main(["report", str(answers), "--window", "4", "--out", str(tmp_path / "rep")]) == 0
+    assert "| m | 1.60 | 1.50 | 1.00 |" in (tmp_path / "rep.md").read_text()
+    assert cli.main(["report", str(answers), "--window", "0", "--out", str(tmp_path / "rep")]) == 2
+
+
 def test_shards_answer_disjoint_questions_and_merge_sorted(tmp_path, small_chat_model):
     target, tokenizer = small_chat_model
     decoder = engine.Decoder(target)
