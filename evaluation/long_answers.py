@@ -25,6 +25,7 @@ from eagle_mdsd import bench, benchmarks, cli, models, report
 
 ROOT = Path(__file__).resolve().parent
 SHORT = ROOT / "answers" / "draft_vocab_head13" / "8192-eagle_default-t0.jsonl"  # 128 tokens a turn, 2026-11-24
+NGRAM = 8  # a token is inside a repeat when the NGRAM tokens ending at it occurred earlier in the turn
 
 
 def repeats(ids: list[int], n: int) -> list[bool]:
@@ -84,7 +85,7 @@ def same_start(short_rows: list[dict], long_rows: list[dict]) -> tuple[int, int]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-new-tokens", type=int, default=1024)
-    parser.add_argument("--ngram", type=int, default=8, help="a token is inside a repeat when the n tokens ending "
+    parser.add_argument("--ngram", type=int, default=NGRAM, help="a token is inside a repeat when the n tokens ending "
                                                               "at it occurred earlier in the turn")
     parser.add_argument("--answers", default=str(ROOT / "answers" / "mt_bench_80_1024" /
                                                  "shipped-eagle_default-t0.jsonl"))

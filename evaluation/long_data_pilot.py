@@ -99,10 +99,10 @@ def main() -> None:
     table = report.markdown(report.compare(files, labels=labels, paired=True, window=32)).splitlines()
     _, tokenizer = models.load_target(None)
     table += ["", "Cycles by where they start (turns that re-tokenise to their token count; a repeat: the token "
-              "closes an 8-gram the turn already held):", "",
+              f"closes an {long_answers.NGRAM}-gram the turn already held):", "",
               "| head | cycles in repeats | tau there | other cycles | tau there |", "|---|---|---|---|---|"]
     for label, path in zip(labels, files):
-        split = long_answers.repeat_split(bench.read_rows(path), tokenizer, 8, 128)
+        split = long_answers.repeat_split(bench.read_rows(path), tokenizer, long_answers.NGRAM, 128)
         (rt, rc), (ft, fc) = split["repeat"], split["fresh"]
         table.append(f"| {label} | {rc} | {rt / rc:.2f} | {fc} | {ft / fc:.2f} |")
     long_count, cut_count = answer_tokens(long_shards), answer_tokens(cut_shards)
