@@ -23,7 +23,8 @@ DRAFT_COUNTS = tuple(range(2, 9))
 ALPHA_SCHEMES = ("with_replacement", "without_replacement", "greedy", "topk")
 
 
-def machine() -> dict:
+def machine(device: str = "cpu") -> dict:
+    """The CPU, torch's threads and versions; on a CUDA device ('cuda', 'cuda:1', 'auto') also the GPU's name."""
     cpu = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -32,8 +33,18 @@ def machine() -> dict:
                 break
     except OSError:
         pass
-    return {"cpu": cpu, "threads": torch.get_num_threads(), "torch": torch.__version__,
-            "python": platform.python_version(), "platform": platform.platform()}
+    facts = {"cpu": cpu, "threads": torch.get_num_threads(), "torch": torch.__version__,
+             "python": platform.python_version(), "platform": platform.platform()}
+    if (str(device).startswith("cuda") or device == "auto") and torch.cuda.is_available():
+        index = torch.device(device).index if str(device).startswith("cuda:") else 0
+        facts["gpu"] = f"{torch.cuda.get_device_name(index)} x{torch.cuda.device_count()}"
+    return facts
+
+
+def machine_line(facts: dict) -> str:
+    """'CPU, N torch threads, torch V' and the GPU where one timed the run."""
+    gpu = f", GPU {facts['gpu']}" if facts.get("gpu") else ""
+    return f"{facts['cpu']}, {facts['threads']} torch threads, torch {facts['torch']}{gpu}"
 
 
 def write_page(folder: Path, stem: str, title: str, setup: str, table: list[str],
@@ -42,8 +53,7 @@ def write_page(folder: Path, stem: str, title: str, setup: str, table: list[str]
     one: machine()) followed by `setup`, and the markdown table (header rows first)."""
     facts, date = facts or machine(), datetime.date.today().isoformat()
     page = Path(folder) / f"{stem}_{date}.md"
-    page.write_text("\n".join([f"# {title}, {date}", "", f"Machine: {facts['cpu']}, {facts['threads']} torch threads, "
-                                f"torch {facts['torch']}. {setup}", "", *table, ""]))
+    page.write_text("\n".join([f"# {title}, {date}", "", f"Machine: {machine_line(facts)}. {setup}", "", *table, ""]))
     return page
 
 

@@ -48,14 +48,21 @@ class TransformersPeer:
         prompt = torch.as_tensor(prompt_ids, dtype=torch.long, device=device).reshape(1, -1)
         config = self.generation_config(max_new_tokens, temperature, method)
         passes = []  # end time of each target forward
-        hook = self.target.register_forward_hook(lambda *_: passes.append(time.perf_counter()))
+        cuda = prompt.device.type == "cuda"  # GPU kernels run behind the clock: wait for them before reading it
+
+        def now() -> float:
+            if cuda:
+                torch.cuda.synchronize(prompt.device)
+            return time.perf_counter()
+
+        hook = self.target.register_forward_hook(lambda *_: passes.append(now()))
         try:
             torch.manual_seed(seed)  # generate samples from the global generator
-            start = time.perf_counter()
+            start = now()
             with torch.inference_mode():
                 output = self.target.generate(prompt, attention_mask=torch.ones_like(prompt),
                                               generation_config=config)
-            wall = time.perf_counter() - start
+            wall = now() - start
         finally:
             hook.remove()
         tokens = output[0, prompt.shape[1]:].tolist()

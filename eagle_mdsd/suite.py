@@ -25,7 +25,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from . import bench, dynamic, engine, head, kernels, lookup, models, peers, questions, report, verification
-from .benchmarks import machine
+from .benchmarks import machine, machine_line
 from .tree import Tree
 
 METHODS = ("eagle", "baseline") + peers.METHODS
@@ -199,7 +199,7 @@ def _write_settings(folder: Path, settings: dict) -> None:
     os.replace(staging, record)
 
 
-def timing_machine(folder: Path, answer_files, chosen: list[dict]) -> dict:
+def timing_machine(folder: Path, answer_files, chosen: list[dict], device: str = "cpu") -> dict:
     """The machine a folder's answers are timed on: recorded in its settings.json by the first run, and named
     by every report of them, whichever machine rewrites the report.  Adding answers on another machine would
     mix two machines' timings in one table: a one-line error (when every answer file already holds every
@@ -208,13 +208,13 @@ def timing_machine(folder: Path, answer_files, chosen: list[dict]) -> dict:
     finished = all(wanted <= bench.finished_ids(Path(f)) for f in answer_files)
     record = Path(folder) / "settings.json"
     settings = json.loads(record.read_text()) if record.exists() else {}
-    here, made = machine(), settings.get("machine")
+    here, made = machine(device), settings.get("machine")
     if made is None:
         settings["machine"] = made = here
         _write_settings(folder, settings)
-    elif made["cpu"] != here["cpu"] and not finished:
-        raise ValueError(f"{folder} holds answers timed on {made['cpu']} and this machine is {here['cpu']}: "
-                         f"finish them there, or pass another --name")
+    elif (made["cpu"], made.get("gpu")) != (here["cpu"], here.get("gpu")) and not finished:
+        raise ValueError(f"{folder} holds answers timed on {machine_line(made)} and this machine is "
+                         f"{machine_line(here)}: finish them there, or pass another --name")
     return made
 
 
@@ -291,7 +291,7 @@ def run_benchmark(out: Path, answers: Path, plan: BenchmarkPlan = BenchmarkPlan(
     files = {(t, label): Path(answers) / name / _file_safe(
         f"{plan.bench_name}-{models.EMBEDDED_NAME}-{label}-{_temperature_tag(t)}.jsonl")
         for t in plan.temperatures for sampled, label in runners if sampled == (t > 0)}
-    timed_on = timing_machine(Path(answers) / name, files.values(), chosen)
+    timed_on = timing_machine(Path(answers) / name, files.values(), chosen, plan.device)
     warm = models.chat_prompt_ids(tokenizer, "Hello!")
     for t, label in files:  # one-off costs (allocations, kernels)
         method, runner = runners[t > 0, label]
@@ -358,7 +358,7 @@ def goals(entries: list[dict], temperature: float) -> list[str]:
 def benchmark_markdown(result: dict, stem: str) -> str:
     m = result["machine"]
     lines = [f"# MT-Bench benchmark, embedded default, {result['date']}", "",
-             f"Machine: {m['cpu']}, {m['threads']} torch threads, torch {m['torch']}, device {result['device']}, "
+             f"Machine: {machine_line(m)}, device {result['device']}, "
              f"{result['dtype']}.", "",
              f"Questions: {result['bench']} {', '.join(map(str, result['questions']))} (both turns), "
              f"at most {result['max_new_tokens']} new tokens per turn; EAGLE: shipped head, tree(s) "
@@ -422,7 +422,7 @@ def sweep(out: Path, answers: Path, plan: SweepPlan = SweepPlan()) -> Path:
     name = plan.name or f"sweep_{datetime.date.today().isoformat()}_{plan.dtype}"
     files = {cell: Path(answers) / name / _file_safe(f"{tree}-{drafter}-{verifier}-{_temperature_tag(t)}.jsonl")
              for cell in cells for t, tree, drafter, verifier in [cell]}
-    timed_on = timing_machine(Path(answers) / name, files.values(), chosen)
+    timed_on = timing_machine(Path(answers) / name, files.values(), chosen, plan.device)
     rows = []
     for t, tree_name, drafter, verifier in tqdm(cells, desc="sweep cells"):
         runner = make_runner("eagle", target, tokenizer, draft_head, topologies[tree_name], drafter, verifier,
@@ -449,7 +449,7 @@ def sweep_markdown(result: dict, name: str) -> str:
     m = result["machine"]
     temperatures = sorted({r["temperature"] for r in result["rows"]})
     turns = f"first {result['turns']} turn(s)" if result["turns"] else "all turns"
-    lines = [f"# {name}", "", f"Machine: {m['cpu']}, {m['threads']} torch threads, torch {m['torch']}, "
+    lines = [f"# {name}", "", f"Machine: {machine_line(m)}, "
              f"{result['dtype']}. Questions: {result['bench']} {', '.join(map(str, result['questions']))}, "
              f"{turns}, at most {result['max_new_tokens']} new tokens, draft vocabulary "
              f"{result.get('draft_vocab') or 'full'}, {result.get('kernels', 'stock')} kernels. "

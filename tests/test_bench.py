@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from eagle_mdsd import bench, cli, engine, head, kernels, models, peers, questions, report, suite, tree
+from eagle_mdsd import bench, benchmarks, cli, engine, head, kernels, models, peers, questions, report, suite, tree
 
 
 @pytest.fixture(scope="module")
@@ -470,13 +472,30 @@ def test_answers_name_the_machine_they_were_timed_on(tmp_path, monkeypatch):
     suite.check_settings(folder, {"dtype": "bfloat16"})
     answers, chosen = [folder / "eagle-t0.jsonl"], [{"question_id": 81}, {"question_id": 82}]
     answers[0].write_text(json.dumps(_fake_row(81, "writing", [4], [1.0], [2])) + "\n")
-    monkeypatch.setattr(suite, "machine", lambda: {"cpu": "first cpu", "threads": 2})
+    monkeypatch.setattr(suite, "machine", lambda device="cpu": {"cpu": "first cpu", "threads": 2, "torch": "2"})
     assert suite.timing_machine(folder, answers, chosen)["cpu"] == "first cpu"  # recorded by the first run
     assert suite.check_settings(folder, {"dtype": "bfloat16"}) is None  # the record still resumes
-    monkeypatch.setattr(suite, "machine", lambda: {"cpu": "second cpu", "threads": 2})
-    with pytest.raises(ValueError, match="timed on first cpu and this machine is second cpu.*another --name"):
+    monkeypatch.setattr(suite, "machine", lambda device="cpu": {"cpu": "second cpu", "threads": 2, "torch": "2"})
+    with pytest.raises(ValueError, match="timed on first cpu, .* and this machine is second cpu, .*another --name"):
         suite.timing_machine(folder, answers, chosen)  # question 82 answered here would mix two machines
     assert suite.timing_machine(folder, answers, chosen[:1])["cpu"] == "first cpu"  # all done: a report only
+    monkeypatch.setattr(suite, "machine", lambda device="cpu": {"cpu": "first cpu", "threads": 2, "torch": "2",
+                                                                "gpu": "some GPU x1"})
+    with pytest.raises(ValueError, match="timed on first cpu, 2 torch threads, torch 2 and this machine is .*"
+                                         "GPU some GPU x1"):
+        suite.timing_machine(folder, answers, chosen, "cuda")  # the same host with a GPU times another way
+
+
+def test_the_machine_record_names_the_gpu_a_run_is_timed_on(monkeypatch):
+    assert "gpu" not in benchmarks.machine("cuda" if not torch.cuda.is_available() else "cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: f"Fake GPU {index}")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert "gpu" not in benchmarks.machine("cpu")
+    assert benchmarks.machine("cuda")["gpu"] == "Fake GPU 0 x2"
+    assert benchmarks.machine("cuda:1")["gpu"] == "Fake GPU 1 x2"
+    assert benchmarks.machine("auto")["gpu"] == "Fake GPU 0 x2"
+    assert benchmarks.machine_line(benchmarks.machine("cuda")).endswith(f"torch {torch.__version__}, GPU Fake GPU 0 x2")
 
 
 def test_the_head_checksum_changes_with_any_file_of_the_head(tmp_path):
@@ -553,3 +572,27 @@ def test_a_small_benchmark_runs_end_to_end_with_the_sampling_pair(tmp_path, monk
     assert ("drafter topk, verifier topk; at T > 0 (static trees) tree chain2, drafter without_replacement, "
             "verifier rrs_wo") in text
     assert ("EAGLE and baseline ran their linear layers on prepacked oneDNN bf16 weights" in text) == packs
+
+
+def test_the_gpu_script_refuses_an_incomplete_bundle(tmp_path):
+    """scripts/gpu_table.sh runs where the model arrives in parts: without all of them it stops in one line."""
+    import hashlib
+    import shutil
+    import subprocess
+
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(Path(__file__).resolve().parents[1] / "scripts" / "gpu_table.sh", tmp_path / "scripts")
+    env = {"PATH": os.environ["PATH"], "OUT": str(tmp_path), "GPU_SITE": str(tmp_path / "site")}
+
+    def run():
+        return subprocess.run(["bash", "scripts/gpu_table.sh"], cwd=tmp_path, env=env, capture_output=True, text=True)
+
+    done = run()
+    assert done.returncode == 2 and "missing .gpu/" in done.stderr and "scripts/gpu_bundle.sh" in done.stderr
+    (tmp_path / ".gpu" / "wheels").mkdir(parents=True)
+    (tmp_path / ".gpu" / "wheels" / "x-1-py3-none-any.whl").write_bytes(b"")
+    (tmp_path / ".gpu" / "model.sha256").write_text(f"{hashlib.sha256(b'abcdef').hexdigest()}  m.gguf\n")
+    (tmp_path / ".gpu" / "model.part00").write_bytes(b"abc")  # the second part, b"def", never arrived
+    done = run()
+    assert done.returncode == 2 and "1 parts in .gpu/ do not make the bundled file" in done.stderr
+    assert not (tmp_path / "results.tgz").exists()

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Packs what the GPU benchmark (scripts/gpu_table.sh) needs on a lent GPU machine that reaches no network:
+# the wheels its image lacks (fschat, gguf) and the embedded model's GGUF file, split into parts small enough
+# that each `run` call of the device tool stays under its 64 MiB (the working tree travels with every call).
+# Writes .gpu/ (git-ignored) and prints the calls to make, one after the other: the machine keeps files
+# between calls only while it is warm, about 30 s after each.
+#
+#     bash scripts/setup.sh && bash scripts/gpu_bundle.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+limit=$((60 * 1024 * 1024))  # under the tool's 64 MiB, for files a session adds before the calls
+rm -rf .gpu
+mkdir -p .gpu/wheels
+# The device image runs Python 3.12 and has torch, transformers, accelerate and the rest of our dependencies.
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .gpu/wheels "fschat==0.2.36" "gguf==0.19.0"
+gguf=$(.venv/bin/python -c "from eagle_mdsd import models; print(models.embedded_gguf())")
+tree=$(git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1)
+wheels=$(du -cb .gpu/wheels | tail -1 | cut -f1)
+part=$((limit - tree - wheels))
+if [ "$part" -lt $((4 * 1024 * 1024)) ]; then
+  echo "the working tree ($((tree >> 20)) MiB) leaves no room under the device tool's 64 MiB for the model" >&2
+  exit 1
+fi
+split -b "$part" -d -a 2 "$gguf" .gpu/model.part
+(cd "$(dirname "$gguf")" && sha256sum "$(basename "$gguf")") >.gpu/model.sha256
+parts=(.gpu/model.part*)
+echo "tree $((tree >> 20)) MiB, wheels $((wheels >> 10)) KiB, model $(( $(stat -c %s "$gguf") >> 20 )) MiB in ${#parts[@]} parts"
+echo "device tool calls, one right after the other (files stay only while the machine is warm):"
+last=$((${#parts[@]} - 1))
+for i in "${!parts[@]}"; do
+  if [ "$i" -lt "$last" ]; then
+    echo "  run  carry=[\"${parts[$i]}\"]  command=\"ls -l .gpu\""
+  else
+    echo "  run  carry=[\"${parts[$i]}\", \".gpu/wheels\", \".gpu/model.sha256\"]  command=\"bash scripts/gpu_table.sh --sampling-tree same\"  timeout_s=600"
+  fi
+done

