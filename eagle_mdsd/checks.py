@@ -31,7 +31,7 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 
 def greedy_equivalence(rows_file: Path, question_count: int = 5, max_new_tokens: int = 128,
                        trees=ALL_TREES, dtypes=("float32", "bfloat16"), head_spec: str = "random",
-                       base_model: str | None = None) -> list[dict]:
+                       base_model: str | None = None, device: str = "cpu") -> list[dict]:
     """base_model: a hub id, folder or .gguf file (models.load_target); None, the embedded default."""
     topologies = {name: None if name == BASELINE else dynamic.load(name) for name in trees}  # bad names: now
     torch_dtypes = {dtype: models.parse_dtype(dtype) for dtype in dtypes}
@@ -44,7 +44,7 @@ def greedy_equivalence(rows_file: Path, question_count: int = 5, max_new_tokens:
         todo = [(q, t) for q in chosen for t in trees if (dtype, q["question_id"], t) not in done]
         if not todo:
             continue
-        target, tokenizer = models.load_target(base_model, torch_dtypes[dtype])
+        target, tokenizer = models.load_target(base_model, torch_dtypes[dtype], device)
         draft_head = head.random_head(target) if head_spec == "random" else head.load_head(head_spec, target)
         eos = models.eos_token_ids(target, tokenizer)
         references = {}
@@ -52,7 +52,8 @@ def greedy_equivalence(rows_file: Path, question_count: int = 5, max_new_tokens:
             prompt = models.chat_prompt_ids(tokenizer, question["turns"][0])
             if question["question_id"] not in references:
                 with torch.inference_mode():
-                    out = target.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False)
+                    out = target.generate(torch.tensor([prompt], device=target.device), max_new_tokens=max_new_tokens,
+                                          do_sample=False)
                 references[question["question_id"]] = out[0, len(prompt):].tolist()
             reference = references[question["question_id"]]
             topology = topologies[tree_name]
@@ -68,13 +69,14 @@ def greedy_equivalence(rows_file: Path, question_count: int = 5, max_new_tokens:
     return [row for row in done.values() if row["question_id"] in {q["question_id"] for q in chosen}]
 
 
-def summary_markdown(rows: list[dict], max_new_tokens: int, head_spec: str, base_model: str | None = None) -> str:
+def summary_markdown(rows: list[dict], max_new_tokens: int, head_spec: str, base_model: str | None = None,
+                     device: str = "cpu") -> str:
     date = datetime.date.today().isoformat()
-    machine = benchmarks.machine()
+    machine = benchmarks.machine(device)
     target = ("Embedded SmolLM2-135M-Instruct" if base_model in (None, models.EMBEDDED)
               else f"Target {models.model_name(base_model)}")
     lines = [f"# Temperature 0: engine vs transformers greedy generate, {date}", "",
-             f"Machine: {machine['cpu']}, torch {machine['torch']}. {target}, "
+             f"Machine: {benchmarks.machine_line(machine)}, device {device}. {target}, "
              f"MT-Bench first turns, {max_new_tokens} new tokens, head: {head_spec}. "
              "A row is identical when every generated token id equals generate(do_sample=False)'s.", "",
              "| dtype | tree | questions | identical | first difference at token |", "|---|---|---|---|---|"]

@@ -188,10 +188,11 @@ def cmd_check_greedy(args) -> None:
     out = Path(args.out)
     model = ("" if args.base_model in (None, models.EMBEDDED)
              else "_" + models.model_name(args.base_model).removesuffix(".gguf"))
-    rows_file = out / f"greedy_check_{datetime.date.today().isoformat()}{model}.jsonl"
+    where = "" if args.device == "cpu" else "_" + args.device.replace(":", "")  # rows of one device a file
+    rows_file = out / f"greedy_check_{datetime.date.today().isoformat()}{model}{where}.jsonl"
     rows = checks.greedy_equivalence(rows_file, args.questions, args.max_new_tokens, args.trees,
-                                     args.dtypes.split(","), args.ea_model, args.base_model)
-    text = checks.summary_markdown(rows, args.max_new_tokens, args.ea_model, args.base_model)
+                                     args.dtypes.split(","), args.ea_model, args.base_model, args.device)
+    text = checks.summary_markdown(rows, args.max_new_tokens, args.ea_model, args.base_model, args.device)
     rows_file.with_suffix(".md").write_text(text)
     print(text)
 
@@ -508,6 +509,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="trees to check, and 'baseline' for the engine's plain decoding (default: all)")
     greedy.add_argument("--dtypes", default="float32,bfloat16")
     greedy.add_argument("--ea-model", default="random", help="head folder, or 'random' (default)")
+    greedy.add_argument("--device", default="cpu", help="cpu, or cuda, cuda:1, ... (the results file says which)")
     greedy.add_argument("--out", default="evaluation/results")
     greedy.set_defaults(fn=cmd_check_greedy)
     train = sub.add_parser("train-head", help="train an EAGLE-1 head: data, train and export stages (resumable)")

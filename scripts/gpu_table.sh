@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The MT-Bench benchmark of the embedded default on a GPU (issue 5's GPU table), on a machine of the device
 # tool: its image has torch and transformers, and .gpu/ (made here by scripts/gpu_bundle.sh, carried there in
-# parts) brings the wheels and the model.  Extra arguments go to `eagle-mdsd benchmark`.  The run stops
-# cleanly after GPU_MINUTES (default 7; answer files keep finished questions, and a rerun with the same
-# --name resumes), then the page, chart, JSON and answers go to $OUT/results.tgz with nvidia-smi's output.
+# parts) brings the wheels and the model.  First `eagle-mdsd check-greedy` (2 questions, 64 tokens, every
+# tree, float32 and bf16; at most GREEDY_MINUTES, default 2), then `eagle-mdsd benchmark`, which takes the
+# extra arguments and stops cleanly after GPU_MINUTES (default 6; answer files keep finished questions, and a
+# rerun with the same --name resumes).  Pages, charts, JSON, answers and the check's rows go to
+# $OUT/results.tgz, with nvidia-smi's output and the logs beside it.
 #
 #     bash scripts/gpu_table.sh --sampling-tree same [--questions 8] [--name benchmark_DATE_bfloat16_cuda] ...
 #
@@ -43,8 +45,12 @@ export PYTHONPATH="$site:$PWD" EAGLE_MDSD_CACHE=/tmp/eagle-mdsd-cache PYTHONUNBU
 { nvidia-smi || echo "no nvidia-smi"; "$python" -m pip list 2>/dev/null | grep -i -E '^(torch|transformers|accelerate) '; } \
   >"$out/machine.txt" 2>&1
 status=0
-timeout --signal=INT "${GPU_MINUTES:-7}m" "$python" -m eagle_mdsd.cli benchmark --device "$device" \
+# First whether the engine is lossless there: T = 0 tokens against generate's, float32 and bf16, every tree.
+timeout --signal=INT "${GREEDY_MINUTES:-2}m" "$python" -m eagle_mdsd.cli check-greedy --device "$device" \
+  --questions 2 --max-new-tokens 64 2>&1 | tee "$out/check_greedy.log" || status=$?
+timeout --signal=INT "${GPU_MINUTES:-6}m" "$python" -m eagle_mdsd.cli benchmark --device "$device" \
   --name "$name" "$@" 2>&1 | tee "$out/benchmark.log" || status=$?
-made=$(ls -d evaluation/results/"$name"* evaluation/answers/benchmark/"$name" 2>/dev/null || true)
+made=$(ls -d evaluation/results/"$name"* evaluation/answers/benchmark/"$name" \
+  evaluation/results/greedy_check_"$(date +%F)"* 2>/dev/null || true)
 [ -z "$made" ] || tar czf "$out/results.tgz" $made
 exit "$status"

@@ -169,11 +169,14 @@ def test_cli_errors_are_one_line(args, message):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
-def test_cuda_without_a_gpu_is_a_one_line_error():
-    done = subprocess.run([sys.executable, "-m", "eagle_mdsd.cli", "generate", "--prompt", "hi", "--device", "cuda"],
+@pytest.mark.parametrize("command", [["generate", "--prompt", "hi"], ["check-greedy", "--questions", "1"]])
+def test_cuda_without_a_gpu_is_a_one_line_error(command, tmp_path):
+    done = subprocess.run([sys.executable, "-m", "eagle_mdsd.cli", *command, "--device", "cuda",
+                           *(["--out", str(tmp_path)] if command[0] == "check-greedy" else [])],
                           capture_output=True, text=True)
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert "--device cuda" in done.stderr and "use --device cpu" in done.stderr
+    assert not list(tmp_path.iterdir())  # check-greedy: no rows file
 
 
 @pytest.mark.parametrize("args, message", [
