@@ -47,7 +47,6 @@ class TransformersPeer:
         device = self.target.get_input_embeddings().weight.device
         prompt = torch.as_tensor(prompt_ids, dtype=torch.long, device=device).reshape(1, -1)
         config = self.generation_config(max_new_tokens, temperature, method)
-        passes = []  # end time of each target forward
         cuda = prompt.device.type == "cuda"  # GPU kernels run behind the clock: wait for them before reading it
 
         def now() -> float:
@@ -55,7 +54,8 @@ class TransformersPeer:
                 torch.cuda.synchronize(prompt.device)
             return time.perf_counter()
 
-        hook = self.target.register_forward_hook(lambda *_: passes.append(now()))
+        passes = []  # one entry per target forward: the first's end time (the prefill's), then None
+        hook = self.target.register_forward_hook(lambda *_: passes.append(None if passes else now()))
         try:
             torch.manual_seed(seed)  # generate samples from the global generator
             start = now()
