@@ -19,12 +19,6 @@ python=${PYTHON:-python3}
 device=${DEVICE:-cuda}
 out=${OUT:?set OUT to the folder the results go to}
 site=${GPU_SITE:-/tmp/eagle-mdsd-site}
-name="benchmark_$(date +%F)_bfloat16_${device}"
-previous=
-for arg in "$@"; do  # the benchmark's own --name, where one is given
-  case "$previous $arg" in "--name "*) name=$arg ;; *" --name="*) name=${arg#--name=} ;; esac
-  previous=$arg
-done
 
 parts=(.gpu/model.part*)
 if [ ! -f .gpu/model.sha256 ] || [ ! -f "${parts[0]}" ] || [ -z "$(ls .gpu/wheels/*.whl 2>/dev/null)" ]; then
@@ -45,12 +39,13 @@ export PYTHONPATH="$site:$PWD" EAGLE_MDSD_CACHE=/tmp/eagle-mdsd-cache PYTHONUNBU
 { nvidia-smi || echo "no nvidia-smi"; "$python" -m pip list 2>/dev/null | grep -i -E '^(torch|transformers|accelerate) '; } \
   >"$out/machine.txt" 2>&1
 status=0
+started=$(mktemp)  # what the runs below write is newer than this
 # First whether the engine is lossless there: T = 0 tokens against generate's, float32 and bf16, every tree.
 timeout --signal=INT "${GREEDY_MINUTES:-2}m" "$python" -m eagle_mdsd.cli check-greedy --device "$device" \
   --questions 2 --max-new-tokens 64 2>&1 | tee "$out/check_greedy.log" || status=$?
+# (a --name among the arguments comes later and wins)
 timeout --signal=INT "${GPU_MINUTES:-6}m" "$python" -m eagle_mdsd.cli benchmark --device "$device" \
-  --name "$name" "$@" 2>&1 | tee "$out/benchmark.log" || status=$?
-made=$(ls -d evaluation/results/"$name"* evaluation/answers/benchmark/"$name" \
-  evaluation/results/greedy_check_"$(date +%F)"* 2>/dev/null || true)
+  --name "benchmark_$(date +%F)_bfloat16_${device}" "$@" 2>&1 | tee "$out/benchmark.log" || status=$?
+made=$(find evaluation/results evaluation/answers -type f -newer "$started")
 [ -z "$made" ] || tar czf "$out/results.tgz" $made
 exit "$status"
