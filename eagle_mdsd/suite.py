@@ -346,6 +346,8 @@ def goals(entries: list[dict], temperature: float) -> list[str]:
         lines.append(f"of which baseline (our loop, no drafts) / hf_generate: {speed['baseline']:.1f} / "
                      f"{speed['hf_generate']:.1f} = {speed['baseline'] / speed['hf_generate']:.2f}x, and EAGLE / "
                      f"baseline: {speed['eagle'] / speed['baseline']:.2f}x")
+    lines += [needed_tau(e, [(peer, factor, speed[peer]) for peer, factor in wanted if peer in speed], temperature)
+              for e in entries if e["label"] in eagles and "cycles" in e["categories"]["all"]]
     static = "eagle[eagle_default]"
     for label in eagles:  # issue 7: a dynamic tree should beat the static default by 20%
         if label != static and static in speed and label[6:].split(":")[0] in dynamic.NAMES:
@@ -353,6 +355,18 @@ def goals(entries: list[dict], temperature: float) -> list[str]:
             lines.append(f"{label} / {static} at T={temperature:g}: {ratio:.2f}x "
                          f"(goal >= 1.2x: {'met' if ratio >= 1.2 else 'not met'})")
     return lines
+
+
+def needed_tau(entry: dict, goals: list[tuple[str, float, float]], temperature: float) -> str:
+    """What tau a goal asks of this tree at the cost of its cycles in this run: the tree's shape, not its
+    head, sets that cost, so tokens/s = tau / (seconds a cycle).  Each turn's prefill is in the wall time
+    and does not shrink with tau, so the true need is higher: these are lower bounds."""
+    all_ = entry["categories"]["all"]
+    seconds = all_["wall_time_s"] / all_["cycles"]
+    asks = ", ".join(f"{factor:g}x {peer} tau >= {factor * tokens_per_s * seconds:.2f}"
+                     for peer, factor, tokens_per_s in goals)
+    return (f"{entry['label']} at T={temperature:g}: {1000 * seconds:.1f} ms a cycle (wall time / cycles, prefill "
+            f"included), so its goals need at least: {asks} (this run's tau {all_['tau']:.2f})")
 
 
 def benchmark_markdown(result: dict, stem: str) -> str:

@@ -347,6 +347,19 @@ def test_goals_compare_eagle_with_the_peers():
                         "and EAGLE / baseline: 2.00x")
 
 
+def test_goals_say_what_tau_they_need_at_the_runs_cost_of_a_cycle():
+    # 100 new tokens in 50 cycles over 4 s: 80 ms a cycle, 25 tokens/s at tau 2
+    tree = {"label": "eagle[eagle_default]",
+            "categories": {"all": {"tokens_per_s": 25.0, "cycles": 50, "wall_time_s": 4.0, "tau": 2.0}}}
+    peers = [{"label": label, "categories": {"all": {"tokens_per_s": speed}}}
+             for label, speed in (("hf_generate", 20.0), ("prompt_lookup", 15.0))]
+    lines = suite.goals([tree, *peers], 0.0)
+    assert lines[-1] == ("eagle[eagle_default] at T=0: 80.0 ms a cycle (wall time / cycles, prefill included), so its "
+                         "goals need at least: 2.5x hf_generate tau >= 4.00, 2x prompt_lookup tau >= 2.40 "
+                         "(this run's tau 2.00)")
+    assert suite.goals([tree, peers[0]], 1.0)[-1].endswith("need at least: 2x hf_generate tau >= 3.20 (this run's tau 2.00)")
+
+
 def test_cli_methods_are_the_suites():
     from eagle_mdsd import cli
 
