@@ -357,14 +357,15 @@ def goals(entries: list[dict], temperature: float) -> list[str]:
     return lines
 
 
-def needed_tau(entry: dict, goals: list[tuple[str, float, float]], temperature: float) -> str:
-    """What tau a goal asks of this tree at the cost of its cycles in this run: the tree's shape, not its
-    head, sets that cost, so tokens/s = tau / (seconds a cycle).  Each turn's prefill is in the wall time
-    and does not shrink with tau, so the true need is higher: these are lower bounds."""
+def needed_tau(entry: dict, targets: list[tuple[str, float, float]], temperature: float) -> str:
+    """What tau each target (peer, factor, the peer's tokens/s) asks of this tree at the cost of its cycles in
+    this run: the tree's shape, not its head, sets that cost, so tokens/s = tau / (seconds a cycle).  Each
+    turn's prefill is in the wall time and does not shrink with tau, so the true need is higher: these are
+    lower bounds."""
     all_ = entry["categories"]["all"]
     seconds = all_["wall_time_s"] / all_["cycles"]
     asks = ", ".join(f"{factor:g}x {peer} tau >= {factor * tokens_per_s * seconds:.2f}"
-                     for peer, factor, tokens_per_s in goals)
+                     for peer, factor, tokens_per_s in targets)
     return (f"{entry['label']} at T={temperature:g}: {1000 * seconds:.1f} ms a cycle (wall time / cycles, prefill "
             f"included), so its goals need at least: {asks} (this run's tau {all_['tau']:.2f})")
 
