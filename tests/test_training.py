@@ -613,3 +613,65 @@ def test_train_head_numbers_out_of_range_are_refused_by_the_parser(option, value
         cli.build_parser().parse_args(["train-head", "train", option, value])
     assert f"argument {option}: {message}" in capsys.readouterr().err
     assert cli.build_parser().parse_args(["train-head", "train", option, "3"])  # a number in range is taken
+
+
+def _options(words: list[str]) -> dict[str, list[str]]:
+    """A command line's words after the subcommand as {option: its values} ("" keys the positional words)."""
+    options, key = {"": []}, ""
+    for word in words:
+        if word.startswith("--"):
+            key = word
+            options[key] = []
+        else:
+            options[key].append(word)
+    return options
+
+
+@pytest.mark.parametrize("rerun_answers, rerun_top1, verdict", [
+    ("head_reproduction/repro_tv-eagle_default-t0.jsonl", 0.530, "tau 2.66 against 2.74, teacher-forced MT-Bench "
+                                                                 "top-1 0.530 against 0.559: outside"),
+    ("tv_head/tv-eagle_default-t0.jsonl", 0.559, "tau 2.74 against 2.74, teacher-forced MT-Bench top-1 0.559 "
+                                                 "against 0.559: within")])
+def test_the_reproduction_script_runs_the_readmes_recipe_and_judges_the_tolerance(tmp_path, rerun_answers,
+                                                                                    rerun_top1, verdict):
+    """scripts/reproduce_head.sh runs the README's one-recipe commands (option for option; each stage resumes by
+    itself) and judges the rerun against the shipped head: here on answer files of two heads measured
+    2026-11-24 (the shipped head's and the one recipe's), standing in for the bench runs."""
+    import os
+    import shlex
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    answers = root / "evaluation" / "answers"
+    fake = tmp_path / "python"
+    fake.write_text(f"""#!/bin/bash
+[ "$1" = - ] && exec {shlex.quote(sys.executable)} "$@"
+printf '%s\\n' "$*" >>{tmp_path}/calls
+case "$*" in
+  *"evaluate"*"--export-to"*) echo '{{"top1_mt_bench": 0.559}}' ;;
+  *"evaluate"*) echo '{{"top1_mt_bench": {rerun_top1}}}' ;;
+  *"--model-id shipped"*) cp {answers}/tv_head/tv-eagle_default-t0.jsonl "${{@: -1}}" ;;
+  *"--model-id rerun"*) cp {answers}/{rerun_answers} "${{@: -1}}" ;;
+esac
+""")
+    fake.chmod(0o755)
+    run = tmp_path / "run"
+    env = {**os.environ, "PYTHON": str(fake), "RUN": str(run)}
+    done = subprocess.run(["bash", "scripts/reproduce_head.sh"], cwd=root, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert verdict in done.stdout
+
+    calls = [line.split()[2:] for line in (tmp_path / "calls").read_text().splitlines()]  # after -m eagle_mdsd.cli
+    readme = (root / "README.md").read_text().replace("runs/r13/a", "runs/repro/finish").replace("runs/repro", str(run))
+    documented = [line.split()[1:] for line in readme.splitlines() if line.strip().startswith("eagle-mdsd train-head")]
+    for seed in range(2, 11):
+        for stage in ("prompts", "data"):
+            loop = next(words for words in documented if words[1:2] == [stage] and "self$S" in " ".join(words))
+            expected = [word.replace("$S", str(seed)) for word in loop]
+            assert any(_options(call) == _options(expected) for call in calls), (stage, seed)
+    for trained in ("head", "finish"):
+        expected = next(words for words in documented if words[1:4] == ["train", "--run", f"{run}/{trained}"])
+        assert any(_options(call) == _options(expected) for call in calls), trained
+    assert ["train-head", "export", "--run", f"{run}/finish"] in calls
+    assert sum(call[:2] == ["train-head", "evaluate"] for call in calls) == 2
