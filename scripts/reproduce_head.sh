@@ -9,9 +9,11 @@
 #     (`train-head data`, 128 tokens): 99 shards, about 30 minutes a seed;
 #  2. four epochs from a random head, EAGLE's token term (`train-head train`, lr 1e-3): about 40 minutes;
 #  3. one finishing epoch with the token term 2 x total variation (lr 3e-4): about 13 minutes;
-#  4. export (compact form, RUN/finish/head); teacher-forced top-1 on 16 MT-Bench first turns of it and of the
-#     shipped head (`train-head evaluate`); tau of both on all 80 MT-Bench questions, both turns, T = 0,
-#     eagle_default (`bench`, about 5 minutes each); the paired comparison (`report --paired`) to RUN/compare.md.
+#  4. export (compact form, RUN/finish/head), and its draft_vocab.json (the answer tokens ranked by count) against
+#     the shipped head's, which the shipped head's last epoch made from the data of these same commands;
+#     teacher-forced top-1 on 16 MT-Bench first turns of both heads (`train-head evaluate`); tau of both on all
+#     80 MT-Bench questions, both turns, T = 0, eagle_default (`bench`, about 5 minutes each); the paired
+#     comparison (`report --paired`) to RUN/compare.md.
 #
 # PYTHON picks the interpreter (default .venv/bin/python, which scripts/setup.sh makes).
 set -euo pipefail
@@ -46,7 +48,7 @@ done
 cli report "$run/mt_bench_t0_shipped.jsonl" "$run/mt_bench_t0_rerun.jsonl" --labels "shipped head,rerun" --paired \
   --title "The head recipe rerun from nothing against the shipped head: all 80 MT-Bench, T = 0, eagle_default" \
   --out "$run/compare"
-"$python" - "$run" <<'EOF'
+"$python" - "$run" "$shipped" <<'EOF'
 import json, sys
 from pathlib import Path
 from eagle_mdsd import report
@@ -55,6 +57,14 @@ top1 = {h: json.loads((run / f"evaluate_{h}.json").read_text())["top1_mt_bench"]
 shipped, rerun = (report.compare([run / f"mt_bench_t0_{h}.jsonl"])[0]["categories"]["all"]["tau"]
                   for h in ("shipped", "rerun"))
 within = abs(rerun - shipped) <= 0.05 and abs(top1["rerun"] - top1["shipped"]) <= 0.02
+# The export ranks the answer tokens of the data it trained on; the shipped head's last epoch trained on the data of
+# these same commands, so the same ranking says the data stages made the same answers again.
+ranks = [json.loads((head / "draft_vocab.json").read_text())["token_ids"]
+         for head in (Path(sys.argv[2]), run / "finish" / "head")]
+differ = next((k for k, (a, b) in enumerate(zip(*ranks)) if a != b), None)
+print("data: the answer tokens rank " + ("exactly as in the shipped head's training data (draft_vocab.json)"
+      if differ is None and len(ranks[0]) == len(ranks[1]) else
+      f"otherwise than in the shipped head's training data (draft_vocab.json), from rank {differ} on"))
 print(f"rerun against the shipped head: tau {rerun:.2f} against {shipped:.2f}, teacher-forced MT-Bench top-1 "
       f"{top1['rerun']:.3f} against {top1['shipped']:.3f}: {'within' if within else 'outside'} the README's "
       f"tolerance (tau +-0.05, top-1 +-0.02); per question: {run}/compare.md")

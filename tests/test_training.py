@@ -627,13 +627,13 @@ def _options(words: list[str]) -> dict[str, list[str]]:
     return options
 
 
-@pytest.mark.parametrize("rerun_answers, rerun_top1, verdict", [
-    ("head_reproduction/repro_tv-eagle_default-t0.jsonl", 0.530, "tau 2.66 against 2.74, teacher-forced MT-Bench "
-                                                                 "top-1 0.530 against 0.559: outside"),
-    ("tv_head/tv-eagle_default-t0.jsonl", 0.559, "tau 2.74 against 2.74, teacher-forced MT-Bench top-1 0.559 "
-                                                 "against 0.559: within")])
+@pytest.mark.parametrize("rerun_answers, rerun_top1, swapped, verdict", [
+    ("head_reproduction/repro_tv-eagle_default-t0.jsonl", 0.530, True,
+     "tau 2.66 against 2.74, teacher-forced MT-Bench top-1 0.530 against 0.559: outside"),
+    ("tv_head/tv-eagle_default-t0.jsonl", 0.559, False,
+     "tau 2.74 against 2.74, teacher-forced MT-Bench top-1 0.559 against 0.559: within")])
 def test_the_reproduction_script_runs_the_readmes_recipe_and_judges_the_tolerance(tmp_path, rerun_answers,
-                                                                                    rerun_top1, verdict):
+                                                                                    rerun_top1, swapped, verdict):
     """scripts/reproduce_head.sh runs the README's one-recipe commands (option for option; each stage resumes by
     itself) and judges the rerun against the shipped head: here on answer files of two heads measured
     2026-11-24 (the shipped head's and the one recipe's), standing in for the bench runs."""
@@ -644,6 +644,7 @@ def test_the_reproduction_script_runs_the_readmes_recipe_and_judges_the_toleranc
 
     root = Path(__file__).resolve().parents[1]
     answers = root / "evaluation" / "answers"
+    run = tmp_path / "run"
     fake = tmp_path / "python"
     fake.write_text(f"""#!/bin/bash
 [ "$1" = - ] && exec {shlex.quote(sys.executable)} "$@"
@@ -653,14 +654,20 @@ case "$*" in
   *"evaluate"*) echo '{{"top1_mt_bench": {rerun_top1}}}' ;;
   *"--model-id shipped"*) cp {answers}/tv_head/tv-eagle_default-t0.jsonl "${{@: -1}}" ;;
   *"--model-id rerun"*) cp {answers}/{rerun_answers} "${{@: -1}}" ;;
+  *"export"*) mkdir -p {run}/finish/head && cp {tmp_path}/draft_vocab.json {run}/finish/head/ ;;
 esac
 """)
     fake.chmod(0o755)
-    run = tmp_path / "run"
+    ranking = json.loads((root / "eagle_mdsd/heads/smollm2-135m-instruct/draft_vocab.json").read_text())["token_ids"]
+    if swapped:  # the data's two most frequent answer tokens the other way round
+        ranking[:2] = ranking[1::-1]
+    (tmp_path / "draft_vocab.json").write_text(json.dumps({"token_ids": ranking}))
     env = {**os.environ, "PYTHON": str(fake), "RUN": str(run)}
     done = subprocess.run(["bash", "scripts/reproduce_head.sh"], cwd=root, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert verdict in done.stdout
+    assert (("otherwise than in the shipped head's training data (draft_vocab.json), from rank 0 on" if swapped
+             else "exactly as in the shipped head's training data") in done.stdout)
 
     calls = [line.split()[2:] for line in (tmp_path / "calls").read_text().splitlines()]  # after -m eagle_mdsd.cli
     readme = (root / "README.md").read_text().replace("runs/r13/a", "runs/repro/finish").replace("runs/repro", str(run))
