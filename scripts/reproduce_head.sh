@@ -19,6 +19,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-.venv/bin/python}
+[ -x "$python" ] || { echo "no interpreter at $python: run bash scripts/setup.sh first (or set PYTHON)" >&2; exit 2; }
 run=${RUN:-runs/repro}
 shipped=eagle_mdsd/heads/smollm2-135m-instruct
 mkdir -p "$run"
@@ -37,14 +38,13 @@ cli train-head train --run "$run/finish" --init-from "$run/head" --epochs 1 --lr
   --token-weight 2 "${common[@]}"
 cli train-head export --run "$run/finish"
 
-cli train-head evaluate --run "$run/finish" | tail -1 >"$run/evaluate_rerun.json"
-cli train-head evaluate --run "$run/finish" --export-to "$shipped" | tail -1 >"$run/evaluate_shipped.json"
-for head in shipped rerun; do
-  spec=$shipped
-  [ "$head" = shipped ] || spec=$run/finish/head
-  cli bench --bench mt_bench --tree eagle_default --temperature 0 --ea-model "$spec" \
-    --model-id "$head-eagle_default-t0" --answer-file "$run/mt_bench_t0_$head.jsonl"
-done
+measure() {  # NAME HEAD: its teacher-forced top-1 and its MT-Bench answers at T = 0
+  cli train-head evaluate --run "$run/finish" --export-to "$2" | tail -1 >"$run/evaluate_$1.json"
+  cli bench --bench mt_bench --tree eagle_default --temperature 0 --ea-model "$2" --model-id "$1-eagle_default-t0" \
+    --answer-file "$run/mt_bench_t0_$1.jsonl"
+}
+measure shipped "$shipped"
+measure rerun "$run/finish/head"
 cli report "$run/mt_bench_t0_shipped.jsonl" "$run/mt_bench_t0_rerun.jsonl" --labels "shipped head,rerun" --paired \
   --title "The head recipe rerun from nothing against the shipped head: all 80 MT-Bench, T = 0, eagle_default" \
   --out "$run/compare"

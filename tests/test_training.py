@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import random
+import shlex
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -637,11 +641,6 @@ def test_the_reproduction_script_runs_the_readmes_recipe_and_judges_the_toleranc
     """scripts/reproduce_head.sh runs the README's one-recipe commands (option for option; each stage resumes by
     itself) and judges the rerun against the shipped head: here on answer files of two heads measured
     2026-11-24 (the shipped head's and the one recipe's), standing in for the bench runs."""
-    import os
-    import shlex
-    import subprocess
-    from pathlib import Path
-
     root = Path(__file__).resolve().parents[1]
     answers = root / "evaluation" / "answers"
     run = tmp_path / "run"
@@ -650,8 +649,8 @@ def test_the_reproduction_script_runs_the_readmes_recipe_and_judges_the_toleranc
 [ "$1" = - ] && exec {shlex.quote(sys.executable)} "$@"
 printf '%s\\n' "$*" >>{tmp_path}/calls
 case "$*" in
-  *"evaluate"*"--export-to"*) echo '{{"top1_mt_bench": 0.559}}' ;;
-  *"evaluate"*) echo '{{"top1_mt_bench": {rerun_top1}}}' ;;
+  *"evaluate"*"--export-to {run}/finish/head"*) echo '{{"top1_mt_bench": {rerun_top1}}}' ;;
+  *"evaluate"*) echo '{{"top1_mt_bench": 0.559}}' ;;
   *"--model-id shipped"*) cp {answers}/tv_head/tv-eagle_default-t0.jsonl "${{@: -1}}" ;;
   *"--model-id rerun"*) cp {answers}/{rerun_answers} "${{@: -1}}" ;;
   *"export"*) mkdir -p {run}/finish/head && cp {tmp_path}/draft_vocab.json {run}/finish/head/ ;;
@@ -662,7 +661,11 @@ esac
     if swapped:  # the data's two most frequent answer tokens the other way round
         ranking[:2] = ranking[1::-1]
     (tmp_path / "draft_vocab.json").write_text(json.dumps({"token_ids": ranking}))
-    env = {**os.environ, "PYTHON": str(fake), "RUN": str(run)}
+    env = {**os.environ, "PYTHON": str(tmp_path / "none"), "RUN": str(run)}
+    done = subprocess.run(["bash", "scripts/reproduce_head.sh"], cwd=root, env=env, capture_output=True, text=True)
+    assert done.returncode == 2  # no set-up yet: one line that says what to run
+    assert done.stderr == f"no interpreter at {tmp_path / 'none'}: run bash scripts/setup.sh first (or set PYTHON)\n"
+    env["PYTHON"] = str(fake)
     done = subprocess.run(["bash", "scripts/reproduce_head.sh"], cwd=root, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert verdict in done.stdout
