@@ -61,9 +61,10 @@ within = abs(rerun - shipped) <= 0.05 and abs(top1["rerun"] - top1["shipped"]) <
 # these same commands, so the same ranking says the data stages made the same answers again.
 ranks = [json.loads((head / "draft_vocab.json").read_text())["token_ids"]
          for head in (Path(sys.argv[2]), run / "finish" / "head")]
-differ = next((k for k, (a, b) in enumerate(zip(*ranks)) if a != b), None)
+first_unequal = None if len(ranks[0]) == len(ranks[1]) else min(map(len, ranks))  # one ranking ends early
+differ = next((k for k, (a, b) in enumerate(zip(*ranks)) if a != b), first_unequal)
 print("data: the answer tokens rank " + ("exactly as in the shipped head's training data (draft_vocab.json)"
-      if differ is None and len(ranks[0]) == len(ranks[1]) else
+      if differ is None else
       f"otherwise than in the shipped head's training data (draft_vocab.json), from rank {differ} on"))
 print(f"rerun against the shipped head: tau {rerun:.2f} against {shipped:.2f}, teacher-forced MT-Bench top-1 "
       f"{top1['rerun']:.3f} against {top1['shipped']:.3f}: {'within' if within else 'outside'} the README's "
