@@ -2,10 +2,10 @@
 # The MT-Bench benchmark of the embedded default on a GPU (issue 5's GPU table), on a machine of the device
 # tool: its image has torch and transformers, and .gpu/ (made here by scripts/gpu_bundle.sh, carried there in
 # parts) brings the wheels and the model.  First `eagle-mdsd check-greedy` (2 questions, 64 tokens, every
-# tree, float32 and bf16; at most GREEDY_MINUTES, default 2), then `eagle-mdsd benchmark`, which takes the
-# extra arguments and stops cleanly after GPU_MINUTES (default 6; answer files keep finished questions, and a
-# rerun with the same --name resumes).  Pages, charts, JSON, answers and the check's rows go to
-# $OUT/results.tgz, with nvidia-smi's output and the logs beside it.
+# tree, each of GREEDY_DTYPES, default float32, bf16 and fp16; at most GREEDY_MINUTES, default 2), then
+# `eagle-mdsd benchmark`, which takes the extra arguments and stops cleanly after GPU_MINUTES (default 6;
+# answer files keep finished questions, and a rerun with the same --name resumes).  Pages, charts, JSON,
+# answers and the check's rows go to $OUT/results.tgz, with nvidia-smi's output and the logs beside it.
 #
 #     bash scripts/gpu_table.sh --sampling-tree same [--questions 8] [--name benchmark_DATE_bfloat16_cuda] ...
 #
@@ -40,9 +40,10 @@ export PYTHONPATH="$site:$PWD" EAGLE_MDSD_CACHE=/tmp/eagle-mdsd-cache PYTHONUNBU
   >"$out/machine.txt" 2>&1
 status=0
 started=$(mktemp)  # what the runs below write is newer than this
-# First whether the engine is lossless there: T = 0 tokens against generate's, float32 and bf16, every tree.
+# First whether the engine is lossless there: T = 0 tokens against generate's, every tree.
 timeout --signal=INT "${GREEDY_MINUTES:-2}m" "$python" -m eagle_mdsd.cli check-greedy --device "$device" \
-  --questions 2 --max-new-tokens 64 2>&1 | tee "$out/check_greedy.log" || status=$?
+  --questions 2 --max-new-tokens 64 --dtypes "${GREEDY_DTYPES:-float32,bfloat16,float16}" 2>&1 \
+  | tee "$out/check_greedy.log" || status=$?
 # (a --name among the arguments comes later and wins)
 timeout --signal=INT "${GPU_MINUTES:-6}m" "$python" -m eagle_mdsd.cli benchmark --device "$device" \
   --name "benchmark_$(date +%F)_bfloat16_${device}" "$@" 2>&1 | tee "$out/benchmark.log" || status=$?
