@@ -3,14 +3,15 @@
 # resumes where an interrupted run stopped (each saves in pieces of at most a few minutes), so rerun the script
 # after an interruption, e.g. at the end of a machine session.
 #
-#     bash scripts/reproduce_head.sh        # about 6 hours on a 2-core CPU; RUN=DIR to put it elsewhere
+#     bash scripts/reproduce_head.sh        # about 6.5 hours on a 2-core CPU; RUN=DIR to put it elsewhere
 #
 #  1. self-written prompts of seeds 2-10 (`train-head prompts`) and the target's greedy answers to them
 #     (`train-head data`, 128 tokens): 99 shards, about 30 minutes a seed;
 #  2. four epochs from a random head, EAGLE's token term (`train-head train`, lr 1e-3): about 40 minutes;
 #  3. two more epochs from there at lr 3e-4 (RUN/more), as the lineage's last fine-tunes were: about 21 minutes;
-#  4. one finishing epoch with the token term 2 x total variation (lr 3e-4): about 13 minutes;
-#  5. export (compact form, RUN/finish/head), and its draft_vocab.json (the answer tokens ranked by count) against
+#  4. two epochs more again from there, the same way (RUN/more2): about 22 minutes;
+#  5. one finishing epoch with the token term 2 x total variation (lr 3e-4): about 13 minutes;
+#  6. export (compact form, RUN/finish/head), and its draft_vocab.json (the answer tokens ranked by count) against
 #     the shipped head's, which the shipped head's last epoch made from the data of these same commands;
 #     teacher-forced top-1 on 16 MT-Bench first turns of both heads (`train-head evaluate`); tau of both on all
 #     80 MT-Bench questions, both turns, T = 0, eagle_default (`bench`, about 5 minutes each); the paired
@@ -36,7 +37,8 @@ done
 common=(--data-from "${data[@]}" --tokens-per-batch 4096 --draft-vocab 8192)
 cli train-head train --run "$run/head" --epochs 4 --lr 1e-3 "${common[@]}"
 cli train-head train --run "$run/more" --init-from "$run/head" --epochs 2 --lr 3e-4 "${common[@]}"
-cli train-head train --run "$run/finish" --init-from "$run/more" --epochs 1 --lr 3e-4 --token-loss tv \
+cli train-head train --run "$run/more2" --init-from "$run/more" --epochs 2 --lr 3e-4 "${common[@]}"
+cli train-head train --run "$run/finish" --init-from "$run/more2" --epochs 1 --lr 3e-4 --token-loss tv \
   --token-weight 2 "${common[@]}"
 cli train-head export --run "$run/finish"
 
