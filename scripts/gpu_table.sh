@@ -3,7 +3,7 @@
 # tool: its image has torch and transformers, and .gpu/ (made here by scripts/gpu_bundle.sh, carried there in
 # parts) brings the wheels and the model.  First `eagle-mdsd check-greedy` (2 questions, 64 tokens, every
 # tree, each of GREEDY_DTYPES, default float32, bf16 and fp16, with GREEDY_HEAD, default the shipped head,
-# so that drafts are accepted; at most GREEDY_MINUTES, default 3), then
+# so that drafts are accepted; at most GREEDY_MINUTES, default 3, and 0 skips it), then
 # `eagle-mdsd benchmark`, which takes the extra arguments and stops cleanly after GPU_MINUTES (default 6;
 # answer files keep finished questions, and a rerun with the same --name resumes).  Pages, charts, JSON,
 # answers and the check's rows go to $OUT/results.tgz, with nvidia-smi's output and the logs beside it.
@@ -43,10 +43,12 @@ status=0
 started=$(mktemp)  # what the runs below write is newer than this
 mkdir -p evaluation/results evaluation/answers  # (a run that fails at once leaves find below something to read)
 # First whether the engine is lossless there: T = 0 tokens against generate's, every tree.
-timeout --signal=INT "${GREEDY_MINUTES:-3}m" "$python" -m eagle_mdsd.cli check-greedy --device "$device" \
-  --questions 2 --max-new-tokens 64 --dtypes "${GREEDY_DTYPES:-float32,bfloat16,float16}" \
-  --ea-model "${GREEDY_HEAD:-eagle_mdsd/heads/smollm2-135m-instruct}" 2>&1 \
-  | tee "$out/check_greedy.log" || status=$?
+if [ "${GREEDY_MINUTES:-3}" != 0 ]; then  # (timeout reads 0 as no limit)
+  timeout --signal=INT "${GREEDY_MINUTES:-3}m" "$python" -m eagle_mdsd.cli check-greedy --device "$device" \
+    --questions 2 --max-new-tokens 64 --dtypes "${GREEDY_DTYPES:-float32,bfloat16,float16}" \
+    --ea-model "${GREEDY_HEAD:-eagle_mdsd/heads/smollm2-135m-instruct}" 2>&1 \
+    | tee "$out/check_greedy.log" || status=$?
+fi
 # (a --name among the arguments comes later and wins)
 timeout --signal=INT "${GPU_MINUTES:-6}m" "$python" -m eagle_mdsd.cli benchmark --device "$device" \
   --name "benchmark_$(date +%F)_bfloat16_${device}" "$@" 2>&1 | tee "$out/benchmark.log" || status=$?
