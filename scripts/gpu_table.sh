@@ -37,8 +37,8 @@ fi
 "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" .gpu/wheels/*.whl
 export PYTHONPATH="$site:$PWD" EAGLE_MDSD_CACHE=/tmp/eagle-mdsd-cache PYTHONUNBUFFERED=1
 
-{ nvidia-smi || echo "no nvidia-smi"; "$python" -m pip list 2>/dev/null | grep -i -E '^(torch|transformers|accelerate) '; } \
-  >"$out/machine.txt" 2>&1
+{ nvidia-smi || echo "no nvidia-smi"; "$python" -m pip list 2>/dev/null | grep -i -E '^(torch|transformers|accelerate) ' \
+  || echo "pip lists none of torch, transformers, accelerate"; } >"$out/machine.txt" 2>&1
 status=0
 started=$(mktemp)  # what the runs below write is newer than this
 mkdir -p evaluation/results evaluation/answers  # (a run that fails at once leaves find below something to read)

