@@ -43,8 +43,9 @@ status=0
 started=$(mktemp)  # what the runs below write is newer than this
 mkdir -p evaluation/results evaluation/answers  # (a run that fails at once leaves find below something to read)
 # First whether the engine is lossless there: T = 0 tokens against generate's, every tree.
-if [ "${GREEDY_MINUTES:-3}" != 0 ]; then  # (timeout reads 0 as no limit)
-  timeout --signal=INT "${GREEDY_MINUTES:-3}m" "$python" -m eagle_mdsd.cli check-greedy --device "$device" \
+greedy_minutes=${GREEDY_MINUTES:-3}
+if [ "$greedy_minutes" != 0 ]; then  # (timeout reads 0 as no limit)
+  timeout --signal=INT "${greedy_minutes}m" "$python" -m eagle_mdsd.cli check-greedy --device "$device" \
     --questions 2 --max-new-tokens 64 --dtypes "${GREEDY_DTYPES:-float32,bfloat16,float16}" \
     --ea-model "${GREEDY_HEAD:-eagle_mdsd/heads/smollm2-135m-instruct}" 2>&1 \
     | tee "$out/check_greedy.log" || status=$?

@@ -587,14 +587,28 @@ def test_a_small_benchmark_runs_end_to_end_with_the_sampling_pair(tmp_path, monk
     assert ("EAGLE and baseline ran their linear layers on prepacked oneDNN bf16 weights" in text) == packs
 
 
-def test_the_gpu_script_refuses_an_incomplete_bundle(tmp_path):
-    """scripts/gpu_table.sh runs where the model arrives in parts: without all of them it stops in one line."""
+def _gpu_tree(tmp_path, parts: list[bytes]) -> None:
+    """tmp_path as the GPU machine's copy: scripts/gpu_table.sh, and a .gpu/ bundle of one wheel and a model
+    whose file is b"abcdef", arrived as `parts` (with no parts, no .gpu/ at all)."""
     import hashlib
     import shutil
+
+    (tmp_path / "scripts").mkdir(exist_ok=True)
+    shutil.copy(Path(__file__).resolve().parents[1] / "scripts" / "gpu_table.sh", tmp_path / "scripts")
+    if not parts:
+        return
+    (tmp_path / ".gpu" / "wheels").mkdir(parents=True)
+    (tmp_path / ".gpu" / "wheels" / "x-1-py3-none-any.whl").write_bytes(b"")
+    (tmp_path / ".gpu" / "model.sha256").write_text(f"{hashlib.sha256(b'abcdef').hexdigest()}  m.gguf\n")
+    for k, part in enumerate(parts):
+        (tmp_path / ".gpu" / f"model.part{k:02d}").write_bytes(part)
+
+
+def test_the_gpu_script_refuses_an_incomplete_bundle(tmp_path):
+    """scripts/gpu_table.sh runs where the model arrives in parts: without all of them it stops in one line."""
     import subprocess
 
-    (tmp_path / "scripts").mkdir()
-    shutil.copy(Path(__file__).resolve().parents[1] / "scripts" / "gpu_table.sh", tmp_path / "scripts")
+    _gpu_tree(tmp_path, [])
     env = {"PATH": os.environ["PATH"], "OUT": str(tmp_path), "GPU_SITE": str(tmp_path / "site")}
 
     def run():
@@ -602,12 +616,10 @@ def test_the_gpu_script_refuses_an_incomplete_bundle(tmp_path):
 
     done = run()
     assert done.returncode == 2 and "missing .gpu/" in done.stderr and "scripts/gpu_bundle.sh" in done.stderr
-    (tmp_path / ".gpu" / "wheels").mkdir(parents=True)
-    (tmp_path / ".gpu" / "wheels" / "x-1-py3-none-any.whl").write_bytes(b"")
-    (tmp_path / ".gpu" / "model.sha256").write_text(f"{hashlib.sha256(b'abcdef').hexdigest()}  m.gguf\n")
-    (tmp_path / ".gpu" / "model.part00").write_bytes(b"abc")  # the second part, b"def", never arrived
+    _gpu_tree(tmp_path, [b"abc"])  # the second part, b"def", never arrived
     done = run()
     assert done.returncode == 2 and "1 parts in .gpu/ do not make the bundled file" in done.stderr
+    assert not (tmp_path / "results.tgz").exists()
 
 
 @pytest.mark.parametrize("greedy_minutes, checks", [(None, True), ("0", False)])
@@ -615,18 +627,10 @@ def test_the_gpu_script_checks_greedy_with_the_shipped_head_then_benchmarks(tmp_
     """With the whole bundle, scripts/gpu_table.sh joins the model, installs the wheels, runs the greedy check (the
     shipped head, float32, bf16 and fp16; GREEDY_MINUTES=0 skips it) and the benchmark with the extra arguments,
     and packs what they wrote."""
-    import hashlib
-    import shutil
     import subprocess
     import tarfile
 
-    (tmp_path / "scripts").mkdir()
-    shutil.copy(Path(__file__).resolve().parents[1] / "scripts" / "gpu_table.sh", tmp_path / "scripts")
-    (tmp_path / ".gpu" / "wheels").mkdir(parents=True)
-    (tmp_path / ".gpu" / "wheels" / "x-1-py3-none-any.whl").write_bytes(b"")
-    (tmp_path / ".gpu" / "model.sha256").write_text(f"{hashlib.sha256(b'abcdef').hexdigest()}  m.gguf\n")
-    (tmp_path / ".gpu" / "model.part00").write_bytes(b"abc")
-    (tmp_path / ".gpu" / "model.part01").write_bytes(b"def")
+    _gpu_tree(tmp_path, [b"abc", b"def"])
     fake = tmp_path / "python"  # records its calls; the benchmark writes a page as the real one would
     fake.write_text(f"""#!/bin/bash
 printf '%s\\n' "$*" >>{tmp_path}/calls
@@ -651,4 +655,3 @@ case "$*" in *" benchmark "*) echo page >evaluation/results/bench.md ;; esac
     assert len(bench) == 1 and bench[0].endswith("_bfloat16_cuda --sampling-tree same --questions 3")
     with tarfile.open(out / "results.tgz") as packed:
         assert packed.getnames() == ["evaluation/results/bench.md"]
-    assert not (tmp_path / "results.tgz").exists()
