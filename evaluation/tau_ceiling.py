@@ -20,7 +20,7 @@ head's k-th choice and the node has a k-th child.  Two replays:
 The decoder first answers all 80 MT-Bench questions (both turns, T = 0,
 eagle_default, float32 so its answers are the target's greedy ones, 128 new
 tokens a turn, the goal's setting), a question a line appended to
-WORK/decoded.jsonl (a rerun continues).  Writes
+WORK/decoded_HEAD_TREE.jsonl (a rerun continues).  Writes
 evaluation/results/tau_ceiling_<date>.md.
 
     .venv/bin/python evaluation/tau_ceiling.py [--questions N] [--head PATH]
@@ -109,7 +109,7 @@ def walk(tree, rank, start: int, end: int, own_features: bool) -> list[int]:
 
 
 def replay(draft_head, target, topology, rows, decoded: list[dict]) -> dict:
-    """Accept lengths per turn of the decoder and of both replays, and the depth-1 ranks of every answer
+    """Accept lengths per turn of the decoder and of the replays, and the depth-1 ranks of every answer
     position."""
     out = {"decoder": [], "own": [], "target": [], "depth1": [], "categories": [], "tokens": []}
     out |= {f"shift{j}": [] for j in SHIFTS}
@@ -134,8 +134,7 @@ def tau(lengths: list[list[int]], tokens: list[int]) -> float:
     return sum(tokens) / sum(len(turn) for turn in lengths)
 
 
-def table(result: dict) -> list[str]:
-    depths = len(report.acceptance_by_depth([6]))
+def table(result: dict, depths: int) -> list[str]:
     lines = ["| walk | cycles | tau | " + " | ".join(f"d = {d}" for d in range(1, depths + 1)) + " |",
              "|---|---|---|" + "---|" * depths]
     names = {"decoder": "the decoder (measured)", "own": "replay, the head's own features (as the decoder)",
@@ -161,7 +160,6 @@ def main() -> None:
     args = parser.parse_args()
     if not 1 <= args.questions <= 80:
         parser.error(f"--questions is {args.questions}: pass 1 to 80")
-    torch.manual_seed(0)
     target, tokenizer = models.load_target(None, torch.float32)
     draft_head = head_module.load_head(args.head, target)
     topology = tree_module.load(args.tree)
@@ -178,7 +176,7 @@ def main() -> None:
     exact = sum(a[:-1] == b[:-1] for a, b in zip(result["decoder"], result["own"]))
     first = torch.cat(result["depth1"])
     shares = [f"top-{k} {float((first < k).float().mean()):.3f}" for k in (1, 2, 4, 8)]
-    lines = table(result)
+    lines = table(result, topology.max_depth)
     lines += ["", f"The own-features replay gives the decoder's cycle count on {same} of {len(result['own'])} turns, "
               f"and its accept lengths cycle by cycle on {exact} (the last cycle left out: the decoder's may accept "
               f"drafts past the {MAX_NEW_TOKENS}th token, which it then drops, and the replay has none to walk); "
@@ -198,7 +196,9 @@ def main() -> None:
         f"Embedded default (SmolLM2-135M-Instruct), float32, head `{Path(args.head).name}`, tree {args.tree}, "
         f"draft vocabulary {len(rows)} tokens, the first {len(chosen)} MT-Bench questions, both turns, at most "
         f"{MAX_NEW_TOKENS} new tokens a turn. Command: `.venv/bin/python evaluation/tau_ceiling.py"
-        + (f" --questions {args.questions}" if args.questions != 80 else "") + "`.", lines)
+        + (f" --questions {args.questions}" if args.questions != 80 else "")
+        + (f" --head {args.head}" if Path(args.head) != models.DEFAULT_HEAD else "")
+        + (f" --tree {args.tree}" if args.tree != "eagle_default" else "") + "`.", lines)
     print(page.read_text())
 
 
