@@ -20,10 +20,13 @@ head's k-th choice and the node has a k-th child.  Two replays:
 The decoder first answers all 80 MT-Bench questions (both turns, T = 0,
 eagle_default, float32 so its answers are the target's greedy ones, 128 new
 tokens a turn, the goal's setting), a question a line appended to
-WORK/decoded_HEAD_TREE.jsonl (a rerun continues).  Writes
-evaluation/results/tau_ceiling_<date>.md.
+WORK/decoded_HEAD_TREE.jsonl (a rerun continues).  Those answers do not
+depend on the head, so `--answers-of FILE` replays another head on a file an
+earlier run decoded, in minutes instead of a quarter of an hour (its replay
+with its own features is then its decoder's tau, as the check shows; no
+decoder row).  Writes evaluation/results/tau_ceiling[_HEAD]_<date>.md.
 
-    .venv/bin/python evaluation/tau_ceiling.py [--questions N] [--head PATH]
+    .venv/bin/python evaluation/tau_ceiling.py [--questions N] [--head PATH] [--answers-of FILE]
 """
 
 from __future__ import annotations
@@ -134,11 +137,12 @@ def tau(lengths: list[list[int]], tokens: list[int]) -> float:
     return sum(tokens) / sum(len(turn) for turn in lengths)
 
 
-def table(result: dict, depths: int) -> list[str]:
+def table(result: dict, depths: int, measured: bool) -> list[str]:
     lines = ["| walk | cycles | tau | " + " | ".join(f"d = {d}" for d in range(1, depths + 1)) + " |",
              "|---|---|---|" + "---|" * depths]
-    names = {"decoder": "the decoder (measured)", "own": "replay, the head's own features (as the decoder)",
-             "target": "replay, the target's features at every depth (ceiling)"}
+    names = {"decoder": "the decoder (measured)"} if measured else {}
+    names |= {"own": "replay, the head's own features (as the decoder)",
+              "target": "replay, the target's features at every depth (ceiling)"}
     first = torch.cat(result["depth1"])
     for j in SHIFTS:
         names[f"shift{j}"] = (f"the same, the target's token {j} place{'s' * (j > 1)} higher in the head's ranking "
@@ -157,9 +161,14 @@ def main() -> None:
     parser.add_argument("--head", default=str(models.DEFAULT_HEAD), help="head folder (default: the shipped head)")
     parser.add_argument("--tree", default="eagle_default")
     parser.add_argument("--work", default="runs/tau_ceiling", help="folder for the decoded answers (resumable)")
+    parser.add_argument("--answers-of", type=Path, help="replay on this earlier run's decoded answers (WORK/decoded_"
+                        "*.jsonl) instead of decoding with --head")
     args = parser.parse_args()
     if not 1 <= args.questions <= 80:
         parser.error(f"--questions is {args.questions}: pass 1 to 80")
+    if args.answers_of is not None and not args.answers_of.exists():
+        parser.error(f"--answers-of {args.answers_of} does not exist: run this script once without it, which "
+                     "writes its decoded answers under --work")
     target, tokenizer = models.load_target(None, torch.float32)
     draft_head = head_module.load_head(args.head, target)
     topology = tree_module.load(args.tree)
@@ -169,36 +178,48 @@ def main() -> None:
     chosen = questions.load("mt_bench")[: args.questions]
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    decoded = decode(decoder, tokenizer, chosen, work / f"decoded_{Path(args.head).name}_{args.tree}.jsonl")
+    measured = args.answers_of is None
+    if measured:
+        decoded = decode(decoder, tokenizer, chosen, work / f"decoded_{Path(args.head).name}_{args.tree}.jsonl")
+    else:
+        decoded = [row for row in jsonl.records(args.answers_of) if row["question_id"] in
+                   {q["question_id"] for q in chosen}]
+        if len(decoded) < len(chosen):
+            parser.error(f"--answers-of {args.answers_of} holds {len(decoded)} of the {len(chosen)} questions: "
+                         "finish that run first (a rerun of it continues)")
     result = replay(draft_head, target, topology, rows, decoded)
     tokens = sum(result["tokens"])
     same = sum(len(a) == len(b) for a, b in zip(result["decoder"], result["own"]))
     exact = sum(a[:-1] == b[:-1] for a, b in zip(result["decoder"], result["own"]))
     first = torch.cat(result["depth1"])
     shares = [f"top-{k} {float((first < k).float().mean()):.3f}" for k in (1, 2, 4, 8)]
-    lines = table(result, topology.max_depth)
-    lines += ["", f"The own-features replay gives the decoder's cycle count on {same} of {len(result['own'])} turns, "
-              f"and its accept lengths cycle by cycle on {exact} (the last cycle left out: the decoder's may accept "
-              f"drafts past the {MAX_NEW_TOKENS}th token, which it then drops, and the replay has none to walk); "
-              f"{tokens} answer tokens in all (each turn's first comes from the prefill and counts, as in tau "
+    lines = table(result, topology.max_depth, measured)
+    check = (f"The own-features replay gives the decoder's cycle count on {same} of {len(result['own'])} turns, and "
+             f"its accept lengths cycle by cycle on {exact} (the last cycle left out: the decoder's may accept drafts "
+             f"past the {MAX_NEW_TOKENS}th token, which it then drops, and the replay has none to walk)"
+             if measured else f"Replayed on the greedy answers in `{args.answers_of.name}` (not decoded again)")
+    lines += ["", f"{check}; {tokens} answer tokens in all (each turn's first comes from the prefill and counts, as in tau "
               "everywhere). Depth d: of the cycles that accepted d - 1 drafts, the share that accepted a d-th.", "",
               "Teacher-forced depth-1 rank of the target's token in the head's draft-vocabulary logits, over the "
               f"{len(first)} positions the walks can reach: " + ", ".join(shares) + ".", "",
-              "Per category, tau (decoder / own-features replay / target's features):", "",
-              "| category | turns | decoder | own | target's features |", "|---|---|---|---|---|"]
+              "Per category, tau (" + "decoder / " * measured + "own-features replay / target's features):", "",
+              "| category | turns | " + "decoder | " * measured + "own | target's features |",
+              "|---|---|---|---|" + "---|" * measured]
     for category in sorted(set(result["categories"])):
         picked = [i for i, c in enumerate(result["categories"]) if c == category]
         taus = [tau([result[key][i] for i in picked], [result["tokens"][i] for i in picked])
-                for key in ("decoder", "own", "target")]
+                for key in ("decoder",) * measured + ("own", "target")]
         lines.append(f"| {category} | {len(picked)} | " + " | ".join(f"{t:.3f}" for t in taus) + " |")
     page = benchmarks.write_page(
-        ROOT / "results", "tau_ceiling", f"tau ceiling of the head's one-step accuracy ({args.tree}, T = 0)",
+        ROOT / "results", "tau_ceiling" + ("" if Path(args.head) == models.DEFAULT_HEAD else f"_{Path(args.head).name}"),
+        f"tau ceiling of the head's one-step accuracy ({args.tree}, T = 0)",
         f"Embedded default (SmolLM2-135M-Instruct), float32, head `{Path(args.head).name}`, tree {args.tree}, "
         f"draft vocabulary {len(rows)} tokens, the first {len(chosen)} MT-Bench questions, both turns, at most "
         f"{MAX_NEW_TOKENS} new tokens a turn. Command: `.venv/bin/python evaluation/tau_ceiling.py"
         + (f" --questions {args.questions}" if args.questions != 80 else "")
         + (f" --head {args.head}" if Path(args.head) != models.DEFAULT_HEAD else "")
-        + (f" --tree {args.tree}" if args.tree != "eagle_default" else "") + "`.", lines)
+        + (f" --tree {args.tree}" if args.tree != "eagle_default" else "")
+        + (f" --answers-of {args.answers_of}" if not measured else "") + "`.", lines)
     print(page.read_text())
 
 

@@ -52,3 +52,11 @@ def test_the_own_features_replay_gives_the_decoders_accept_lengths(seed):
     # accepts the answer's last token also counts the bonus token past it, as the decoder's does)
     for replay in (lengths, ceiling):
         assert sum(replay) - (len(result.token_ids) - 1) in (0, 1)
+
+
+def test_replaying_on_answers_that_do_not_exist_is_a_one_line_error(tmp_path, monkeypatch, capsys):
+    missing = tmp_path / "decoded.jsonl"
+    monkeypatch.setattr("sys.argv", ["tau_ceiling.py", "--answers-of", str(missing)])
+    with pytest.raises(SystemExit):
+        tau_ceiling.main()
+    assert f"--answers-of {missing} does not exist: run this script once without it" in capsys.readouterr().err
