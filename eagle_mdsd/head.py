@@ -114,7 +114,12 @@ def resolve(spec: str) -> Path:
     if "/" in spec and not spec.startswith((".", "/")):
         from huggingface_hub import snapshot_download
 
-        return Path(snapshot_download(spec, allow_patterns=["config.json", "*.bin", "*.safetensors"]))
+        try:
+            return Path(snapshot_download(spec, allow_patterns=["config.json", "*.bin", "*.safetensors"]))
+        except Exception as error:  # no network, no such repository, ...: the hub's own message runs to lines
+            raise FileNotFoundError(f"draft head {spec} is no folder here and the hub did not give it "
+                                    f"({type(error).__name__}): give a folder with config.json and weights, or a "
+                                    f"hub id with network") from None
     raise FileNotFoundError(f"draft head {spec} does not exist: give a folder with config.json and weights")
 
 

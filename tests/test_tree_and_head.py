@@ -150,6 +150,19 @@ def test_head_that_does_not_fit_is_refused(tmp_path):
         head.load_head(str(tmp_path / "nothing"), small)
 
 
+def test_a_head_id_the_hub_cannot_give_is_a_one_line_error(monkeypatch):
+    import huggingface_hub
+
+    def offline(*args, **kwargs):
+        raise OSError("We couldn't connect to the hub.\nCheck your internet connection.")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
+    with pytest.raises(FileNotFoundError) as error:
+        head.resolve("runs/no_such_head")
+    assert str(error.value).startswith("draft head runs/no_such_head is no folder here and the hub did not give it")
+    assert "\n" not in str(error.value)
+
+
 @pytest.mark.parametrize("args, message", [
     (["--tree", "nope"], "unknown tree 'nope'"),
     (["--drafter", "nope"], "unknown drafting scheme 'nope'"),
