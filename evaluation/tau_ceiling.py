@@ -75,16 +75,16 @@ def ranks(draft_head, target, ids: torch.Tensor, rows: torch.Tensor, depths: int
     logits; a draft there is far from the target's token anyway.)"""
     column = torch.full((target.config.vocab_size,), -1, dtype=torch.long)
     column[rows] = torch.arange(len(rows))
-    weight = target.get_output_embeddings().weight[rows]
+    draft_logits = training.draft_vocab_lm_head(target.get_output_embeddings(), rows)
     out = torch.full((depths, len(ids) - 1), UNRANKED, dtype=torch.long)
     with torch.inference_mode():
         features = target.get_decoder()(ids[None]).last_hidden_state
         embedded = target.get_input_embeddings()(ids[1:])[None]
         passes = training.unrolled_predictions(draft_head, features[:, :-1], embedded, depths)
         wanted = column[ids[2:]]  # the token each position i < len - 2 must rank
+        known = wanted >= 0
         for depth, predicted in enumerate(passes):
-            logits = torch.nn.functional.linear(predicted[0, :-1], weight).float()
-            known = wanted >= 0
+            logits = draft_logits(predicted[0, :-1]).float()
             own = logits.gather(1, wanted.clamp(min=0)[:, None])
             rank = (logits > own).sum(1)
             out[depth, :-1] = torch.where(known, rank, UNRANKED)
@@ -137,13 +137,13 @@ def tau(lengths: list[list[int]], tokens: list[int]) -> float:
     return sum(tokens) / sum(len(turn) for turn in lengths)
 
 
-def table(result: dict, depths: int, measured: bool) -> list[str]:
+def table(result: dict, first: torch.Tensor, depths: int, measured: bool) -> list[str]:
+    """The walks' rows; `first`: the depth-1 ranks of every position (the shifted rows' top-1)."""
     lines = ["| walk | cycles | tau | " + " | ".join(f"d = {d}" for d in range(1, depths + 1)) + " |",
              "|---|---|---|" + "---|" * depths]
     names = {"decoder": "the decoder (measured)"} if measured else {}
     names |= {"own": "replay, the head's own features (as the decoder)",
               "target": "replay, the target's features at every depth (ceiling)"}
-    first = torch.cat(result["depth1"])
     for j in SHIFTS:
         names[f"shift{j}"] = (f"the same, the target's token {j} place{'s' * (j > 1)} higher in the head's ranking "
                               f"(top-1 {float((first <= j).float().mean()):.3f})")
@@ -153,6 +153,20 @@ def table(result: dict, depths: int, measured: bool) -> list[str]:
         lines.append(f"| {name} | {len(flat)} | {tau(result[key], result['tokens']):.3f} | "
                      + " | ".join(f"{r:.3f}" for r in rates[:depths]) + " |")
     return lines
+
+
+def earlier_answers(path: Path, chosen: list[dict]) -> list[dict]:
+    """The chosen questions' rows of a decoded file this script wrote; a one-line error for any other file."""
+    wanted = {q["question_id"] for q in chosen}
+    decoded = [row for row in jsonl.records(path) if row.get("question_id") in wanted]
+    if any(not all({"prompt", "answer", "accept_lengths"} <= set(turn) for turn in row.get("turns", [{}]))
+           for row in decoded):
+        raise ValueError(f"--answers-of {path} is not a file of decoded answers from this script (its turns lack "
+                         "prompt, answer and accept_lengths): pass a WORK/decoded_*.jsonl file")
+    if len(decoded) < len(chosen):
+        raise ValueError(f"--answers-of {path} holds {len(decoded)} of the {len(chosen)} questions: finish that run "
+                         "first (a rerun of it continues)")
+    return decoded
 
 
 def main() -> None:
@@ -169,31 +183,35 @@ def main() -> None:
     if args.answers_of is not None and not args.answers_of.exists():
         parser.error(f"--answers-of {args.answers_of} does not exist: run this script once without it, which "
                      "writes its decoded answers under --work")
+    try:
+        page = run(args)
+    except (ValueError, OSError) as error:  # bad trees, heads and answer files: one line, as the CLI's
+        parser.error(str(error))
+    print(page.read_text())
+
+
+def run(args) -> Path:
+    """Decode (or read --answers-of), replay, and write the page."""
+    topology = tree_module.load(args.tree)
+    chosen = questions.load("mt_bench")[: args.questions]
+    measured = args.answers_of is None
+    decoded = None if measured else earlier_answers(args.answers_of, chosen)
     target, tokenizer = models.load_target(None, torch.float32)
     draft_head = head_module.load_head(args.head, target)
-    topology = tree_module.load(args.tree)
     decoder = engine.Decoder(target, draft_head, topology, eos_token_ids=models.eos_token_ids(target, tokenizer),
                              draft_vocab="auto")
     rows = decoder.draft_rows if decoder.draft_rows is not None else torch.arange(target.config.vocab_size)
-    chosen = questions.load("mt_bench")[: args.questions]
-    work = Path(args.work)
-    work.mkdir(parents=True, exist_ok=True)
-    measured = args.answers_of is None
     if measured:
+        work = Path(args.work)
+        work.mkdir(parents=True, exist_ok=True)
         decoded = decode(decoder, tokenizer, chosen, work / f"decoded_{Path(args.head).name}_{args.tree}.jsonl")
-    else:
-        decoded = [row for row in jsonl.records(args.answers_of) if row["question_id"] in
-                   {q["question_id"] for q in chosen}]
-        if len(decoded) < len(chosen):
-            parser.error(f"--answers-of {args.answers_of} holds {len(decoded)} of the {len(chosen)} questions: "
-                         "finish that run first (a rerun of it continues)")
     result = replay(draft_head, target, topology, rows, decoded)
     tokens = sum(result["tokens"])
     same = sum(len(a) == len(b) for a, b in zip(result["decoder"], result["own"]))
     exact = sum(a[:-1] == b[:-1] for a, b in zip(result["decoder"], result["own"]))
     first = torch.cat(result["depth1"])
     shares = [f"top-{k} {float((first < k).float().mean()):.3f}" for k in (1, 2, 4, 8)]
-    lines = table(result, topology.max_depth, measured)
+    lines = table(result, first, topology.max_depth, measured)
     check = (f"The own-features replay gives the decoder's cycle count on {same} of {len(result['own'])} turns, and "
              f"its accept lengths cycle by cycle on {exact} (the last cycle left out: the decoder's may accept drafts "
              f"past the {MAX_NEW_TOKENS}th token, which it then drops, and the replay has none to walk)"
@@ -210,7 +228,7 @@ def main() -> None:
         taus = [tau([result[key][i] for i in picked], [result["tokens"][i] for i in picked])
                 for key in ("decoder",) * measured + ("own", "target")]
         lines.append(f"| {category} | {len(picked)} | " + " | ".join(f"{t:.3f}" for t in taus) + " |")
-    page = benchmarks.write_page(
+    return benchmarks.write_page(
         ROOT / "results", "tau_ceiling" + ("" if Path(args.head) == models.DEFAULT_HEAD else f"_{Path(args.head).name}"),
         f"tau ceiling of the head's one-step accuracy ({args.tree}, T = 0)",
         f"Embedded default (SmolLM2-135M-Instruct), float32, head `{Path(args.head).name}`, tree {args.tree}, "
@@ -220,7 +238,6 @@ def main() -> None:
         + (f" --head {args.head}" if Path(args.head) != models.DEFAULT_HEAD else "")
         + (f" --tree {args.tree}" if args.tree != "eagle_default" else "")
         + (f" --answers-of {args.answers_of}" if not measured else "") + "`.", lines)
-    print(page.read_text())
 
 
 if __name__ == "__main__":

@@ -1,5 +1,7 @@
 """evaluation/tau_ceiling.py: its replay of the decoder's T = 0 tree walks must be the decoder's own."""
 
+import json
+
 import pytest
 import torch
 
@@ -60,3 +62,18 @@ def test_replaying_on_answers_that_do_not_exist_is_a_one_line_error(tmp_path, mo
     with pytest.raises(SystemExit):
         tau_ceiling.main()
     assert f"--answers-of {missing} does not exist: run this script once without it" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["--tree", "no_such_tree"], "unknown tree 'no_such_tree'"),
+    (["--answers-of", "{answers}"], "is not a file of decoded answers from this script"),
+    (["--questions", "0"], "--questions is 0: pass 1 to 80")])
+def test_bad_input_is_a_one_line_error_before_any_model_loads(tmp_path, monkeypatch, capsys, arguments, message):
+    answers = tmp_path / "answers.jsonl"  # a benchmark answer file, not this script's decoded answers
+    answers.write_text(json.dumps({"question_id": 81, "choices": [{"turns": ["text"]}]}) + "\n")
+    monkeypatch.setattr("sys.argv", ["tau_ceiling.py", *(a.format(answers=answers) for a in arguments)])
+    monkeypatch.setattr(tau_ceiling.models, "load_target", lambda *a, **k: pytest.fail("loaded the target"))
+    with pytest.raises(SystemExit):
+        tau_ceiling.main()
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
