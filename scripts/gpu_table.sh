@@ -40,8 +40,12 @@ export PYTHONPATH="$site:$PWD" EAGLE_MDSD_CACHE=/tmp/eagle-mdsd-cache PYTHONUNBU
 { nvidia-smi || echo "no nvidia-smi"; "$python" -m pip list 2>/dev/null | grep -i -E '^(torch|transformers|accelerate) ' \
   || echo "pip lists none of torch, transformers, accelerate"; } >"$out/machine.txt" 2>&1
 status=0
-started=$(mktemp)  # what the runs below write is newer than this
 mkdir -p evaluation/results evaluation/answers  # (a run that fails at once leaves find below something to read)
+# What the runs below write or change is what this listing lacks (a file's time alone would miss one written
+# within the clock tick of a marker's).
+listing() { find evaluation/results evaluation/answers -type f -printf '%T@ %s %p\n' | LC_ALL=C sort; }
+before=$(mktemp)
+listing >"$before"
 # First whether the engine is lossless there: T = 0 tokens against generate's, every tree.
 greedy_minutes=${GREEDY_MINUTES:-3}
 if [ "$greedy_minutes" != 0 ]; then  # (timeout reads 0 as no limit)
@@ -53,6 +57,6 @@ fi
 # (a --name among the arguments comes later and wins)
 timeout --signal=INT "${GPU_MINUTES:-6}m" "$python" -m eagle_mdsd.cli benchmark --device "$device" \
   --name "benchmark_$(date +%F)_bfloat16_${device}" "$@" 2>&1 | tee "$out/benchmark.log" || status=$?
-made=$(find evaluation/results evaluation/answers -type f -newer "$started")
+made=$(listing | LC_ALL=C comm -13 "$before" - | cut -d' ' -f3-)
 [ -z "$made" ] || tar czf "$out/results.tgz" $made
 exit "$status"

@@ -631,6 +631,8 @@ def test_the_gpu_script_checks_greedy_with_the_shipped_head_then_benchmarks(tmp_
     import tarfile
 
     _gpu_tree(tmp_path, [b"abc", b"def"])
+    (tmp_path / "evaluation" / "results").mkdir(parents=True)
+    (tmp_path / "evaluation" / "results" / "earlier.md").write_text("carried, not made there")  # not packed
     fake = tmp_path / "python"  # records its calls; the benchmark writes a page as the real one would
     fake.write_text(f"""#!/bin/bash
 printf '%s\\n' "$*" >>{tmp_path}/calls
