@@ -73,7 +73,7 @@ def conversation_ids(tokenizer, turns: list[str], answers: list[str], template=N
 
 def answer(decoder, tokenizer, question: dict, settings: Settings, template=None) -> dict:
     """The question's turns (the first `settings.turns`, or all); each turn sees the earlier answers."""
-    turns, idxs, new_tokens, wall_time, accept_lengths, profiles = [], [], [], [], [], []
+    turns, idxs, new_tokens, wall_time, accept_lengths, profiles, captures = [], [], [], [], [], [], []
     for index in range(min(len(question["turns"]), settings.turns or len(question["turns"]))):
         prompt = conversation_ids(tokenizer, question["turns"][: index + 1], turns, template)
         result = decoder.generate(prompt, settings.max_new_tokens, settings.temperature, settings.seed + index,
@@ -84,9 +84,12 @@ def answer(decoder, tokenizer, question: dict, settings: Settings, template=None
         wall_time.append(result.wall_time_s)
         accept_lengths.append(result.accept_lengths)
         profiles.append(result.profile)
+        captures.append(getattr(result, "graph_capture_s", 0.0))
     choice = {"index": 0, "turns": turns, "idxs": idxs, "new_tokens": new_tokens, "wall_time": wall_time,
               "accept_lengths": accept_lengths}
-    return choice | ({"profile": profiles} if settings.profile else {})
+    # CUDA graphs captured during a turn: seconds kept out of its wall_time, said here
+    return choice | ({"profile": profiles} if settings.profile else {}) | (
+        {"graph_capture_time": captures} if any(captures) else {})
 
 
 ANSWER_LISTS = ("turns", "new_tokens", "idxs", "wall_time")  # one entry per turn in choices[0]

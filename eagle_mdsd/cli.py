@@ -14,7 +14,7 @@ from pathlib import Path
 # faults took ~40% of the time on our 2-core machine (3.9 s a step against 2.3 s with huge pages).
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
-from . import checks, drafting, engine, kernels, theory, verification  # noqa: E402  (imports torch)
+from . import checks, drafting, engine, graphs, kernels, theory, verification  # noqa: E402  (imports torch)
 
 METHODS = ["eagle", "baseline", "hf_generate", "prompt_lookup"]
 DRAFT_VOCAB_HELP = ("draft over the head's N most frequent tokens (FR-Spec; q is 0 elsewhere, still exact): N, "
@@ -154,7 +154,7 @@ def _runner(args, device=None):
         draft_head = (head.random_head(target, seed=args.seed) if args.ea_model == "random"
                       else head.load_head(args.ea_model or models.DEFAULT_HEAD, target))
     return suite.make_runner(args.method, target, tokenizer, draft_head, topology, args.drafter, args.verifier,
-                             args.draft_vocab, args.kernels), tokenizer
+                             args.draft_vocab, args.kernels, args.cuda_graphs), tokenizer
 
 
 def _print_profile(profile: dict, cycles: int) -> None:
@@ -189,9 +189,12 @@ def cmd_check_greedy(args) -> None:
     model = ("" if args.base_model in (None, models.EMBEDDED)
              else "_" + models.model_name(args.base_model).removesuffix(".gguf"))
     where = "" if args.device == "cpu" else "_" + args.device.replace(":", "")  # rows of one device a file
+    if graphs.resolve(args.cuda_graphs, args.device) != graphs.resolve("auto", args.device):
+        where += "_graphs-off"
     rows_file = out / f"greedy_check_{datetime.date.today().isoformat()}{model}{where}.jsonl"
     rows = checks.greedy_equivalence(rows_file, args.questions, args.max_new_tokens, args.trees,
-                                     args.dtypes.split(","), args.ea_model, args.base_model, args.device)
+                                     args.dtypes.split(","), args.ea_model, args.base_model, args.device,
+                                     args.cuda_graphs)
     text = checks.summary_markdown(rows, args.max_new_tokens, args.ea_model, args.base_model, args.device)
     rows_file.with_suffix(".md").write_text(text)
     print(text)
@@ -364,8 +367,8 @@ def cmd_benchmark(args) -> None:
         bench_name=args.bench, count=None if args.all else args.questions, temperatures=temperatures,
         methods=tuple(args.methods.split(",")),
         trees=tuple(args.trees), drafter=args.drafter, verifier=args.verifier, sampling_pair=args.sampling_pair,
-        sampling_tree=args.sampling_tree, draft_vocab=args.draft_vocab, kernels_choice=args.kernels, dtype=args.dtype,
-        device=args.device, max_new_tokens=args.max_new_tokens, seed=args.seed, name=args.name)
+        sampling_tree=args.sampling_tree, draft_vocab=args.draft_vocab, kernels_choice=args.kernels,
+        cuda_graphs=args.cuda_graphs, dtype=args.dtype, device=args.device, max_new_tokens=args.max_new_tokens, seed=args.seed, name=args.name)
     result = suite.run_benchmark(Path(args.out), Path(args.answers), plan)
     stem = Path(args.out) / result["name"]
     print(stem.with_suffix(".md").read_text())
@@ -414,7 +417,8 @@ def cmd_sweep(args) -> None:
     plan = suite.SweepPlan(
         trees=tuple(args.trees), temperatures=tuple(_floats(args.temperatures, "temperatures")), pairs=pairs,
         bench_name=args.bench, count=args.questions, turns=args.turns or None, max_new_tokens=args.max_new_tokens,
-        draft_vocab=args.draft_vocab, kernels_choice=args.kernels, dtype=args.dtype, device=args.device,
+        draft_vocab=args.draft_vocab, kernels_choice=args.kernels, cuda_graphs=args.cuda_graphs, dtype=args.dtype,
+        device=args.device,
         seed=args.seed, name=args.name)
     md = suite.sweep(Path(args.out), Path(args.answers), plan)
     print(md.read_text())
@@ -434,8 +438,8 @@ def _check_method_options(args) -> None:
     if args.method == "eagle":
         return
     given = [name for name, default in EAGLE_OPTIONS.items() if getattr(args, name, default) != default]
-    if args.method in peers.METHODS:  # the peers run transformers' stock kernels, as users run them,
-        given += [name for name, unset in (("kernels", "auto"), ("profile", False))  # and time no phases
+    if args.method in peers.METHODS:  # the peers run as users run them: stock kernels, no graphs, no phases
+        given += [name for name, unset in (("kernels", "auto"), ("cuda_graphs", "auto"), ("profile", False))
                   if getattr(args, name, unset) != unset]
     if given:
         raise _does_nothing([_flag(name) for name in given], f"with --method {args.method}", "use --method eagle")
@@ -464,6 +468,9 @@ def _add_kernels_option(parser) -> None:
                         help="linear layers of our decoders: 'auto' (default) packs bf16 weights for oneDNN on a "
                              "CPU that supports it (the same tokens, a third faster per step), 'packed' insists, "
                              "'stock' uses torch's default kernels; transformers peers always run stock")
+    parser.add_argument("--cuda-graphs", default="auto", choices=graphs.CHOICES,
+                        help="our decoders' fixed-shape calls (the target's tree forward and plain step, the head's "
+                             "steps): 'auto' (default) captures them as CUDA graphs on CUDA, 'off' runs them eagerly")
 
 
 def _topology(args, spec: str | None = None):
@@ -510,6 +517,9 @@ def build_parser() -> argparse.ArgumentParser:
     greedy.add_argument("--dtypes", default="float32,bfloat16")
     greedy.add_argument("--ea-model", default="random", help="head folder, or 'random' (default)")
     greedy.add_argument("--device", default="cpu", help="cpu, or cuda, cuda:1, ... (the results file says which)")
+    greedy.add_argument("--cuda-graphs", default="auto", choices=graphs.CHOICES,
+                        help="'auto' (default): the engine replays CUDA graphs on CUDA; 'off' (the results file "
+                             "says so): eagerly")
     greedy.add_argument("--out", default="evaluation/results")
     greedy.set_defaults(fn=cmd_check_greedy)
     train = sub.add_parser("train-head", help="train an EAGLE-1 head: data, train and export stages (resumable)")

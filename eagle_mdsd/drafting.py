@@ -33,10 +33,9 @@ def exclude(q: torch.Tensor, drawn: torch.Tensor) -> torch.Tensor:
 
 
 def _normalise_or_fill(rest: torch.Tensor, drawn) -> torch.Tensor:
-    """rest / rest.sum(); rows without mass become one-hot on the first token not in drawn()."""
+    """rest / rest.sum(); rows without mass become one-hot on the first token not in drawn().  Tensor ops only:
+    no row's mass is brought back to the host to pick a branch."""
     mass = rest.sum(-1, keepdim=True)
-    if bool((mass > 0).all()):
-        return rest / mass
     first_free = (~drawn()).to(torch.int8).argmax(-1, keepdim=True)
     fill = torch.zeros_like(rest).scatter_(-1, first_free, 1.0)
     return torch.where(mass > 0, rest / mass.clamp_min(torch.finfo(rest.dtype).tiny), fill)
@@ -54,30 +53,27 @@ def without_drafts(q: torch.Tensor, drafts: torch.Tensor):
         rest.scatter_(-1, drafts[..., j : j + 1], 0.0)
 
 
+_INDEX_SPAN = 1 << 24  # vocabularies up to 16M tokens
+
+
 def top_tokens(q: torch.Tensor, k: int) -> torch.Tensor:
     """The k most probable tokens in decreasing order, ties broken by lowest index."""
     if k == 0:
         return q.new_zeros(q.shape[:-1] + (0,), dtype=torch.long)
-    values, indices = torch.topk(q, k, dim=-1)
-    # topk does not promise an order among equal values: recover the
-    # lowest-index rule exactly, falling back to a stable sort when a tie
-    # crosses the cut.
-    threshold = values[..., -1:]
-    at_least = q >= threshold
-    crosses = at_least.sum(-1) != k
-    if bool(crosses.any()):
-        # Only tokens at or above the cut can be chosen, and they are few even when
-        # low-precision logits make ties common: sort just those, by value then index.
-        flat_q, flat_at_least = q.reshape(-1, q.shape[-1]), at_least.reshape(-1, q.shape[-1])
-        indices = indices.reshape(-1, k).clone()
-        for row in crosses.reshape(-1).nonzero().squeeze(-1).tolist():
-            candidates = flat_at_least[row].nonzero().squeeze(-1)
-            order = torch.sort(flat_q[row, candidates], descending=True, stable=True).indices[:k]
-            indices[row] = candidates[order]
-        indices = indices.reshape(values.shape)
-    key = torch.sort(indices, dim=-1).values
-    ordered = torch.sort(q.gather(-1, key), dim=-1, descending=True, stable=True).indices
-    return key.gather(-1, ordered)
+    index = torch.arange(q.shape[-1], device=q.device)
+    if q.dtype != torch.float64:
+        # The bits of a non-negative float32 order as its value: one integer key per token, the value first and
+        # the lower index second, makes topk's order the rule's exactly, with no tie to resolve afterwards.
+        bits = q.float().view(torch.int32).to(torch.int64)
+        return torch.topk(bits * _INDEX_SPAN - index, k, dim=-1).indices
+    # float64 (the exact reference computations): the same rule by two stable sorts over the tokens at or
+    # above the k-th value (few, unless ties cross the cut).
+    threshold = torch.topk(q, k, dim=-1).values[..., -1:]
+    candidates = torch.where(q >= threshold, index, q.shape[-1])
+    count = int((q >= threshold).sum(-1).max())
+    key = torch.sort(candidates, dim=-1).values[..., :count]
+    values = q.gather(-1, key.clamp_max(q.shape[-1] - 1)).masked_fill(key == q.shape[-1], -1.0)
+    return key.gather(-1, torch.sort(values, dim=-1, descending=True, stable=True).indices[..., :k])
 
 
 def _mask_of(tokens: torch.Tensor, vocab: int) -> torch.Tensor:

@@ -219,9 +219,10 @@ def grow(spec: DynamicTree, root: int, root_q: tuple, expand, scheme="topk", gen
             expanded.update((node, (row, ids)) for node, row in zip(frontier, q))
         drafts, scores = draw_children(q, spec.top_k, scheme, generator, ids)
         children = []
+        tokens, logs = drafts.tolist(), scores.tolist()  # two transfers a level, whatever its width
         for row, parent in enumerate(frontier):
             drafted[parent] = drafts[row]
-            children += candidates.add(parent, drafts[row].tolist(), scores[row].tolist())
+            children += candidates.add(parent, tokens[row], logs[row])
         frontier = candidates.best(children, spec.top_k)
         gain = sum(math.exp(candidates.score[c]) for c in frontier)  # expected length they would add
         if spec.name == "opt_tree" and gain < spec.threshold:

@@ -4,23 +4,22 @@ State between cycles (0-based positions): the target's KV cache holds the
 committed tokens x_0..x_{L-1}; the root x_L was sampled from the target but
 not yet run through it.  The head's cache holds one entry per pair
 (f_i, x_{i+1}) at position i + 1; the pairs whose true features arrived in the
-last cycle are pending.  One cycle:
+last cycle are pending.  One cycle (`Decoder._cycle`):
 
-1. the head runs on the pending pairs; its output at the root predicts the
-   root's feature, whose logits give q for the root's children;
-2. level by level, each internal node's children are drawn by the drafter
-   from that node's q, and the head runs on the new internal nodes with a
-   tree mask (each sees the committed pairs and its ancestors);
-3. the target runs once on [root, all nodes] with the tree mask: p at every node;
-4. from the root down, the verifier picks the output token at each node (at
-   T = 0 the target's argmax, which every lossless verifier outputs); if it
-   is a child the walk goes on there, otherwise it is the bonus token;
-5. the accepted nodes' KV entries are moved next to the root in place
-   (both caches are preallocated), and the bonus becomes the next root.
+1. draft (drafters.py): the head runs on the pending pairs, its output at the
+   root predicting the root's feature; then the tree is drafted from the head's
+   q, each internal node's children drawn by the drafting scheme;
+2. the target runs once on [root, all nodes] with the tree mask: p at every node;
+3. verify: at T = 0 every lossless verifier outputs the target's argmax, so the
+   whole tree is resolved with tensor ops (a node is accepted when its token is
+   its parent's argmax and its ancestors are accepted; the deepest accepted node
+   ends the path) and one transfer brings the path back; at T > 0 the walk goes
+   from the root down, the verifier drawing the output token at each node (one
+   transfer a level); a child holding it continues the walk, else it is the bonus;
+4. commit: one gather per cache moves the accepted nodes' entries next to the
+   root, and the bonus becomes the next root.
 
-A lookup tree (lookup.py) grafts prompt-lookup tokens onto the tree
-after step 2; its copy cycles skip steps 1-2 and check the lookup chain
-alone, leaving their pairs pending.
+Everything a call changes lives in its `Call`; a Decoder holds the models.
 
 Tokens per cycle = accepted drafts + 1; tau = new tokens / cycles, where
 cycles counts target verification forwards (the prefill excluded) and new
@@ -34,73 +33,22 @@ import time
 from dataclasses import asdict, dataclass, field
 
 import torch
-from transformers.cache_utils import Cache, DynamicLayer
 
-from . import drafting, dynamic, kernels, lookup, models, verification
+from . import drafters, drafting, dynamic, graphs, kernels, lookup, models, verification
+from .cache import KVCache
+from . import tree as trees
 from .tree import Tree
-
-
-class PreallocatedLayer(DynamicLayer):
-    """A KV layer backed by one buffer of fixed capacity; updates write in place."""
-
-    def __init__(self, capacity: int):
-        super().__init__()
-        self.capacity = capacity
-        self.length = 0
-
-    def lazy_initialization(self, key_states, value_states):
-        self.dtype, self.device = key_states.dtype, key_states.device
-        batch, heads, _, key_dim = key_states.shape
-        self.key_buffer = key_states.new_zeros(batch, heads, self.capacity, key_dim)
-        self.value_buffer = value_states.new_zeros(batch, heads, self.capacity, value_states.shape[-1])
-        self.is_initialized = True
-
-    def update(self, key_states, value_states, *args, **kwargs):
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        end = self.length + key_states.shape[-2]
-        if end > self.capacity:
-            raise RuntimeError(f"KV cache capacity {self.capacity} exceeded")
-        self.key_buffer[:, :, self.length : end] = key_states
-        self.value_buffer[:, :, self.length : end] = value_states
-        self.length = end
-        self.keys, self.values = self.key_buffer[:, :, :end], self.value_buffer[:, :, :end]
-        return self.keys, self.values
-
-    def get_seq_length(self) -> int:
-        return self.length
-
-    def get_max_length(self) -> int:
-        return self.capacity
-
-    def keep(self, start: int, slots: torch.Tensor) -> None:
-        """Move the entries at `slots` to start, start+1, ... and drop everything after them."""
-        if len(slots):
-            end = start + len(slots)
-            self.key_buffer[:, :, start:end] = self.key_buffer.index_select(2, slots)
-            self.value_buffer[:, :, start:end] = self.value_buffer.index_select(2, slots)
-        self.length = start + len(slots)
-
-
-def preallocated_cache(layers: int, capacity: int) -> Cache:
-    return Cache(layers=[PreallocatedLayer(capacity) for _ in range(layers)])
-
-
-def keep(cache: Cache, start: int, slots: torch.Tensor) -> None:
-    for layer in cache.layers:
-        layer.keep(start, slots)
-
-
-def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """[q, kv] bool -> [1, 1, q, kv] float mask (0 where visible), used as-is by eager and SDPA attention."""
-    mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
-    return mask.masked_fill_(~visible, torch.finfo(dtype).min)[None, None]
 
 
 def check_temperature(temperature: float, name: str = "temperature") -> None:
     """One-line error unless `temperature` is a finite number >= 0 (NaN would otherwise sample garbage)."""
     if not math.isfinite(temperature) or temperature < 0:
         raise ValueError(f"{name} must be >= 0 (a finite number), got {temperature}")
+
+
+def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[q, kv] bool -> [1, 1, q, kv] float mask (0 where visible), the shape a model call takes."""
+    return trees.additive_mask(visible, dtype)[None, None]
 
 
 def warp(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -110,10 +58,10 @@ def warp(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return torch.softmax(logits.float() / temperature, -1)
 
 
-def first_argmax(logits: torch.Tensor) -> list[int] | int:
-    """Each row's argmax (the first maximal index, as argmax), or a vector's: max() is several times faster
-    on bf16."""
-    return logits.max(-1).indices.tolist()
+def first_argmax(logits: torch.Tensor) -> torch.Tensor:
+    """Each row's argmax (the first maximal index, as argmax) on the device: max() is several times faster
+    than argmax on bf16."""
+    return logits.max(-1).indices
 
 
 class PhaseTimer:
@@ -153,6 +101,8 @@ class GenerationResult:
     wall_time_s: float = 0.0
     profile: dict[str, float] = field(default_factory=dict)  # seconds per phase, with profile=True
     accepted_ranks: list[int] = field(default_factory=list)  # per visited node with children: child rank or -1
+    copy_cycles: int = 0  # prompt lookup: cycles that checked the lookup chain alone
+    graph_capture_s: float = 0.0  # CUDA graphs captured during the call (kept out of wall_time_s)
 
     @property
     def new_tokens(self) -> int:
@@ -201,33 +151,52 @@ def resolve_draft_vocab(head, draft_vocab: int | str | None) -> int | None:
     return min(AUTO_DRAFT_VOCAB, len(head.draft_vocab)) if head is not None and head.draft_vocab else None
 
 
+@dataclass
+class Call:
+    """The state of one generate call, passed explicitly through the cycle."""
+
+    temperature: float
+    generator: torch.Generator
+    target_cache: KVCache
+    head_cache: KVCache | None
+    timer: PhaseTimer
+    length: int  # committed target entries; the root is at this position
+    root: torch.Tensor  # [1] the root token, on the device
+    root_id: int  # the same token on the host
+    pending: tuple | None = None  # (features [k, H], tokens [k]): pairs the head has not read yet
+    context: list = field(default_factory=list)  # prompt and output so far: what prompt lookup searches
+    copying: bool = False  # prompt lookup: the last cycle accepted a long lookup run
+    accepted_ranks: list = field(default_factory=list)  # per visited node with children: child rank or -1
+    copy_cycles: int = 0
+
+
 class Decoder:
-    """Speculative decoding of one target with an EAGLE head over a static or dynamic tree."""
+    """Speculative decoding of one target with an EAGLE head over a static, dynamic or lookup tree."""
 
     def __init__(self, target, head=None, tree: Tree | dynamic.DynamicTree | lookup.LookupTree | None = None,
                  drafter="topk", verifier="topk", eos_token_ids=(), draft_vocab: int | str | None = None,
-                 kernels_choice: str = "auto"):
+                 kernels_choice: str = "auto", cuda_graphs: str = "auto", static_shapes: bool | None = None):
         """draft_vocab: draft over the head's N most frequent tokens only (q is 0 elsewhere; still exact);
         'auto': AUTO_DRAFT_VOCAB of them when the head ships its token ranking, else the full vocabulary.
-        A lookup.LookupTree drafts its base tree and grafts prompt-lookup tokens on.
         kernels_choice: 'auto' runs the target's and head's linear layers on prepacked bf16 weights where
-        kernels.available (the layers are switched in place, stock outside this decoder), 'stock' never."""
-        self.lookup_tokens = tree.tokens if isinstance(tree, lookup.LookupTree) else 0
+        kernels.available (the layers are switched in place, stock outside this decoder), 'stock' never.
+        cuda_graphs: 'auto' captures the fixed-shape calls as CUDA graphs on CUDA (graphs.py), 'off' never.
+        static_shapes: static caches (cache.py) without graphs too (default: where graphs run), which lets a
+        CPU check what the graphs replay."""
         self.target, self.head = target, head
-        self.tree = tree = tree.base if self.lookup_tokens else tree
+        self.tree = tree
         self.scheme, self.verifier = drafting.get(drafter), verification.get(verifier)
         verification.check_pair(self.scheme, self.verifier)
         self.decoder_model = target.get_decoder()
         self.target_cache_keyword = models.cache_keyword(self.decoder_model)
         self.lm_head = target.get_output_embeddings()
-        self.embed = target.get_input_embeddings()
+        self.device = self.lm_head.weight.device
         self.eos = set(int(e) for e in eos_token_ids)
         self.packed = kernels.resolve(kernels_choice, self.lm_head.weight)
         if self.packed:
             kernels.pack(target)
             if head is not None:
                 kernels.pack(head)
-        self.draft_rows = None
         draft_vocab = resolve_draft_vocab(head, draft_vocab)
         if draft_vocab is not None:
             if head is None or head.draft_vocab is None:
@@ -235,43 +204,83 @@ class Decoder:
                                  "export it with `eagle-mdsd train-head export`, or leave --draft-vocab out")
             if draft_vocab < 1:
                 raise ValueError(f"--draft-vocab must be at least 1, got {draft_vocab}")
-            rows = torch.tensor(sorted(head.draft_vocab[:draft_vocab]), device=self.lm_head.weight.device)
-            bias = getattr(self.lm_head, "bias", None)
-            self.draft_rows = rows
-            self.draft_lm_head = kernels.linear_over(self.lm_head.weight[rows].contiguous(),
-                                                     None if bias is None else bias[rows].contiguous())
-            if self.packed:
-                kernels.pack(self.draft_lm_head)
-        if isinstance(tree, dynamic.DynamicTree):
-            dynamic.check_pair(tree, self.scheme.name)
-        elif tree is not None:
-            check_drafter_fits(self.scheme, tree, self.lm_head.weight.shape[0])
-            self.static_buffers = self._buffers(tree)
+        base = tree.base if isinstance(tree, lookup.LookupTree) else tree
+        if isinstance(base, dynamic.DynamicTree):
+            dynamic.check_pair(base, self.scheme.name)
+        elif base is not None:
+            check_drafter_fits(self.scheme, base, self.lm_head.weight.shape[0])
+        self.drafter = None if tree is None else drafters.make(tree, self.scheme, self.device, target.dtype)
+        self.graphs = graphs.Graphs() if graphs.resolve(cuda_graphs, self.device) else None
+        self.static = self.graphs is not None if static_shapes is None else static_shapes
+        self.static_caches = {}  # capacity -> (target cache, head cache), kept so that captured graphs replay
+        self.draft_model = None
+        if head is not None:
+            fill = max(base.top_k if isinstance(base, dynamic.DynamicTree) else max(map(len, base.children)), 1) \
+                if base is not None else 1
+            self.draft_model = drafters.DraftModel(head, target, draft_vocab, fill, self.packed, self.graphs)
 
-    def _buffers(self, tree: Tree) -> tuple[torch.Tensor, torch.Tensor]:
-        """(positions offset, ancestor mask) of a tree's nodes on the decoder's device."""
-        device = self.lm_head.weight.device
-        return torch.tensor(tree.depth, device=device), tree.ancestors.to(device)
+    # -- the target ---------------------------------------------------------------------------
 
-    # -- target and head calls -------------------------------------------------------------
-
-    def _target(self, tokens, positions, visible=None):
-        """The target's features (last hidden states after its final norm) [k, H].  visible None: plain causal
-        attention, masked by the model itself as in its own `generate` - the same attention kernels, so in bf16
-        the prefill and a plain decoding step round as `generate`'s do, bit for bit."""
-        mask = None if visible is None else additive_mask(visible, self.target.dtype)
-        out = self.decoder_model(input_ids=tokens[None], position_ids=positions[None], attention_mask=mask,
-                                 use_cache=True, **{self.target_cache_keyword: self.target_cache})
+    def target_forward(self, cache: KVCache, tokens, positions, mask=None):
+        """The target's features (last hidden states after its final norm) [k, H], its k entries written at the
+        cache's length.  mask None: plain causal attention, masked by the model itself as in its own `generate` -
+        the same attention kernels, so in bf16 the prefill and a plain step round as `generate`'s do, bit for bit."""
+        out = self.decoder_model(input_ids=tokens[None], position_ids=positions[None],
+                                 attention_mask=None if mask is None else mask[None, None], use_cache=True,
+                                 **{self.target_cache_keyword: cache})
         return out.last_hidden_state[0]
 
-    def _head(self, features, tokens, positions, visible):
-        return self.head(features[None], self.embed(tokens)[None], positions[None],
-                         additive_mask(visible, self.target.dtype), self.head_cache)[0]
+    def _target(self, call: Call, tokens, positions, block=None, graph: bool = True):
+        """Features of tokens appended after the call's committed entries; block: their additive mask among
+        themselves [k, k] (None: causal, and in a dynamic cache the model's own mask)."""
+        cache = call.target_cache
+        if not cache.static:
+            return self.target_forward(cache, tokens, positions, None if block is None else cache.mask(block, call.length))
+        k = len(tokens)
+        if block is None:
+            block = torch.full((k, k), torch.finfo(self.target.dtype).min, dtype=self.target.dtype,
+                               device=self.device).triu_(1)
+        inputs = (tokens, positions, cache.mask(block, call.length), cache.next_slots(k, self.device))
+        if self.graphs is None or not graph:
+            features = self._static_forward(cache, *inputs)
+        else:
+            features = self.graphs.run(("target", k, id(cache)), lambda *x: self._static_forward(cache, *x), *inputs)
+        cache.truncate(call.length + k)
+        return features
+
+    def _static_forward(self, cache, tokens, positions, mask, slots):
+        cache.slots = slots
+        return self.target_forward(cache, tokens, positions, mask)
+
+    def _caches(self, capacity: int, method: str):
+        """A call's caches: new ones, or in static mode the kept ones of its capacity rounded up to 256 (the graphs
+        captured on them replay)."""
+        heads = method == "eagle"
+        if not self.static:
+            return (KVCache(self.target.config.num_hidden_layers, capacity),
+                    self.draft_model.new_cache(capacity) if heads else None)
+        capacity = -(-capacity // 256) * 256
+        if capacity not in self.static_caches:
+            self.static_caches[capacity] = (KVCache(self.target.config.num_hidden_layers, capacity, static=True),
+                                            None if self.draft_model is None else
+                                            self.draft_model.new_cache(capacity, static=True))
+        target_cache, head_cache = self.static_caches[capacity]
+        for cache in (target_cache, head_cache):
+            if cache is not None:
+                cache.truncate(0)
+        return target_cache, head_cache if heads else None
+
+    def _choose(self, logits, temperature, generator) -> torch.Tensor:
+        """The next token of a plain step [1]: the argmax at T = 0, else a draw of p."""
+        if temperature == 0:
+            return first_argmax(logits)[None]
+        return drafting.draw(warp(logits, temperature), 1, generator)
 
     # -- the loop ---------------------------------------------------------------------------
 
-    def generate(self, prompt_ids, max_new_tokens: int = 128, temperature: float = 0.0, seed: int = 0,
-                 method: str = "eagle", profile: bool = False) -> GenerationResult:
+    def start(self, prompt_ids, max_new_tokens: int = 128, temperature: float = 0.0, seed: int = 0,
+              method: str = "eagle", profile: bool = False) -> tuple[Call, torch.Tensor]:
+        """Check the arguments and make a call's state: (call, prompt on the device)."""
         check_temperature(temperature)
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
@@ -279,271 +288,154 @@ class Decoder:
             raise ValueError(f"unknown method {method!r}: use eagle or baseline")
         if method == "eagle" and (self.head is None or self.tree is None):
             raise ValueError("method eagle needs a draft head and a tree")
-        device = self.lm_head.weight.device
-        prompt = torch.as_tensor(prompt_ids, dtype=torch.long, device=device).reshape(-1)
-        tree_depth = self.tree.max_depth + self.lookup_tokens if method == "eagle" else 0
+        prompt = torch.as_tensor(prompt_ids, dtype=torch.long, device=self.device).reshape(-1)
+        tree_depth = self.tree.max_depth if method == "eagle" else 0
         context = getattr(self.target.config, "max_position_embeddings", None)
         if context is not None and len(prompt) + max_new_tokens + tree_depth > context:
             raise ValueError(f"prompt ({len(prompt)} tokens) + max_new_tokens ({max_new_tokens}) + tree depth "
                              f"({tree_depth}) exceed the model's context of {context} tokens: shorten the prompt "
                              f"or lower max_new_tokens")
-        tree_size = self.tree.size + self.lookup_tokens if method == "eagle" else 0
-        capacity = len(prompt) + max_new_tokens + tree_size + 2
-        self.target_cache = preallocated_cache(self.target.config.num_hidden_layers, capacity)
-        self.head_cache = preallocated_cache(len(self.head.layers), capacity) if method == "eagle" else None
-        generator = torch.Generator(device=device).manual_seed(seed)
-        self.timer = PhaseTimer(profile, device)
-        with torch.inference_mode(), kernels.packed(self.packed):
-            return self._run(prompt, max_new_tokens, temperature, generator, method)
+        capacity = len(prompt) + max_new_tokens + (self.tree.size if method == "eagle" else 0) + 2
+        call = Call(temperature, torch.Generator(device=self.device).manual_seed(seed),
+                    *self._caches(capacity, method), PhaseTimer(profile, self.device), 0, prompt[:0], -1)
+        return call, prompt
 
-    def _run(self, prompt, max_new_tokens, temperature, generator, method):
-        start = time.perf_counter()
-        length = len(prompt)
-        features = self._target(prompt, torch.arange(length, device=prompt.device))
-        root = self._sample(warp(self.lm_head(features[-1]), temperature), generator)
+    def generate(self, prompt_ids, max_new_tokens: int = 128, temperature: float = 0.0, seed: int = 0,
+                 method: str = "eagle", profile: bool = False) -> GenerationResult:
+        call, prompt = self.start(prompt_ids, max_new_tokens, temperature, seed, method, profile)
+        with torch.inference_mode(), kernels.packed(self.packed):
+            return self.run(call, prompt, max_new_tokens, method)
+
+    def run(self, call: Call, prompt, max_new_tokens: int, method: str = "eagle") -> GenerationResult:
+        start, captured = time.perf_counter(), self.graphs.seconds if self.graphs else 0.0
+        features = self._target(call, prompt, torch.arange(len(prompt), device=self.device), graph=False)
+        call.length = len(prompt)
+        call.root = self._choose(self.lm_head(features[-1]), call.temperature, call.generator)
+        call.root_id = call.root.tolist()[0]
         prefill_time = time.perf_counter() - start
-        result = GenerationResult(prompt.tolist(), [root], 0)
-        self.accepted_ranks = result.accepted_ranks  # the walks append to it
-        self.context = prompt.tolist() + [root]  # what prompt lookup searches
-        self.copying, self.copy_cycles = False, 0  # lookup trees: copy cycles (lookup drafts only) so far
-        pending = (features, torch.cat([prompt[1:], prompt.new_tensor([root])]))
-        while root not in self.eos and result.new_tokens < max_new_tokens:
-            if method == "baseline":
-                self.timer.start()
-                features = self._target(prompt.new_tensor([root]), prompt.new_tensor([length]))
-                self.timer.lap("target")
-                emitted, pending = [self._sample(warp(self.lm_head(features[-1]), temperature), generator)], None
-                self.timer.lap("verify")
-            else:
-                emitted, pending = self._cycle(length, root, pending, temperature, generator)
+        call.pending = (features, torch.cat([prompt[1:], call.root]))
+        call.context = prompt.tolist() + [call.root_id]
+        result = GenerationResult(call.context[:-1], [call.root_id], 0, accepted_ranks=call.accepted_ranks)
+        step = self._cycle if method == "eagle" else self._plain_step
+        while call.root_id not in self.eos and result.new_tokens < max_new_tokens:
+            emitted = step(call)
             result.cycles += 1
             result.accept_lengths.append(len(emitted))
-            length += len(emitted)
             result.token_ids.extend(emitted)
-            self.context.extend(emitted)
-            root = emitted[-1]
-            if any(token in self.eos for token in emitted):
-                cut = next(i for i, token in enumerate(result.token_ids) if token in self.eos)
-                del result.token_ids[cut + 1 :]
+            eos = next((i for i, token in enumerate(emitted) if token in self.eos), None)
+            if eos is not None:
+                del result.token_ids[len(result.token_ids) - len(emitted) + eos + 1 :]
                 break
+            call.context.extend(emitted)
         del result.token_ids[max_new_tokens:]
         result.prefill_time_s = prefill_time
-        result.wall_time_s = time.perf_counter() - start
-        result.profile = dict(self.timer.seconds)
+        result.graph_capture_s = (self.graphs.seconds if self.graphs else 0.0) - captured
+        result.wall_time_s = time.perf_counter() - start - result.graph_capture_s
+        result.profile = dict(call.timer.seconds)
+        result.copy_cycles = call.copy_cycles
         return result
 
-    def _sample(self, p, generator) -> int:
-        return int(drafting.draw(p, 1, generator)[0])
+    def _plain_step(self, call: Call) -> list[int]:
+        """One token from one target forward: the baseline every method is measured against."""
+        call.timer.start()
+        features = self._target(call, call.root, torch.full((1,), call.length, device=self.device))
+        call.length += 1
+        call.timer.lap("target")
+        call.root = self._choose(self.lm_head(features[-1]), call.temperature, call.generator)
+        call.root_id = call.root.tolist()[0]
+        call.timer.lap("verify")
+        return [call.root_id]
 
-    def _draft_distribution(self, predicted, temperature, support: int = 1):
-        """(q, ids): each row's draft distribution over the draft vocabulary [F, D] and the vocabulary
-        id of each column (ids None: q covers the whole vocabulary).
-
-        The schemes draw from the compact q (a few times cheaper than from the full one; the tokens
-        outside have q = 0 and are never drawn) unless a row has fewer than `support` tokens with
-        mass: the schemes' fill convention then picks tokens outside, so that call gets the full q.
-        """
-        scale = temperature if temperature > 0 else 1.0
-        if self.draft_rows is None:
-            return torch.softmax(self.lm_head(predicted).float() / scale, -1), None
-        logits = self.draft_lm_head(predicted).float()
-        q = torch.softmax(logits / scale, -1)
-        if support > 1 and bool(((q > 0).sum(-1) < support).any()):
-            return self.vocabulary_q(q, self.draft_rows), None
-        return q, self.draft_rows
-
-    def vocabulary_q(self, q, ids):
-        """A compact q from _draft_distribution over the whole vocabulary (0 outside the draft vocabulary)."""
-        if ids is None:
-            return q
-        full = torch.zeros(q.shape[:-1] + self.lm_head.weight.shape[:1], device=q.device)
-        return full.index_copy_(-1, ids, q)
-
-    def _draft_static(self, length, root, root_prediction, committed, temperature, generator):
-        """Level by level, each internal node's children drawn by the drafter from its q."""
-        tree, device = self.tree, self.lm_head.weight.device
-        tree_visible = self.static_buffers[1]
-        predicted = {0: root_prediction}
-        node_tokens = torch.empty(tree.size + 1, dtype=torch.long, device=device)
-        node_tokens[0] = root
-        draft_q = {}
-        head_slots = []  # tree node held by each head cache entry after `committed`
-        for depth in range(tree.max_depth):
-            parents = tree.internal(depth)
-            if not parents:
-                break
-            if depth > 0:
-                head_slots += parents
-                rows = torch.tensor(parents, device=device)
-                seen = tree_visible[rows][:, head_slots]
-                visible = torch.cat([torch.ones(len(parents), committed, dtype=torch.bool, device=device), seen], 1)
-                inputs = torch.stack([predicted[tree.parent[node]] for node in parents])
-                outputs = self._head(inputs, node_tokens[rows], torch.full_like(rows, length + depth), visible)
-                predicted.update(zip(parents, outputs))
-            counts = [len(tree.children[node]) for node in parents]
-            q, ids = self._draft_distribution(torch.stack([predicted[node] for node in parents]), temperature,
-                                              max(counts))
-            for count in sorted(set(counts)):
-                group = [i for i, c in enumerate(counts) if c == count]
-                drafts = self.scheme.sample_batch(q[group], count, generator)
-                if ids is not None:
-                    drafts = ids[drafts]
-                for row, i in enumerate(group):
-                    node = parents[i]
-                    draft_q[node] = (q[i], ids)
-                    node_tokens[list(tree.children[node])] = drafts[row]
-        return node_tokens, draft_q
-
-    def _draft_dynamic(self, length, root, root_prediction, committed, temperature, generator):
-        """Grow this cycle's tree from the head's probabilities (EAGLE-2, OPT-Tree).
-
-        Returns (tree, node tokens, q per internal node, the full draft tuple per internal node).
-        """
-        device = self.lm_head.weight.device
-        predicted = {0: root_prediction}
-        head_slots = []  # candidate held by each head cache entry after `committed`
-
-        def expand(frontier, candidates):
-            head_slots.extend(frontier)
-            seen = torch.tensor([[candidates.is_ancestor(slot, node) for slot in head_slots] for node in frontier],
-                                device=device)
-            visible = torch.cat([torch.ones(len(frontier), committed, dtype=torch.bool, device=device), seen], 1)
-            inputs = torch.stack([predicted[candidates.parent[node]] for node in frontier])
-            tokens = torch.tensor([candidates.token[node] for node in frontier], device=device)
-            positions = torch.full_like(tokens, length + candidates.depth[frontier[0]])
-            outputs = self._head(inputs, tokens, positions, visible)
-            predicted.update(zip(frontier, outputs))
-            return self._draft_distribution(outputs, temperature, self.tree.top_k)
-
-        q, ids = self._draft_distribution(root_prediction[None], temperature, self.tree.top_k)
-        candidates, expanded, drafted = dynamic.grow(self.tree, root, (q[0], ids), expand, self.scheme, generator)
-        tree, chosen = dynamic.select(candidates, self.tree.nodes)
-        node_tokens = torch.tensor([candidates.token[c] for c in chosen], device=device)
-        internal = [(node, c) for node, c in enumerate(chosen) if tree.children[node]]
-        draft_q, node_drafts = {node: expanded[c] for node, c in internal}, {node: drafted[c] for node, c in internal}
-        return tree, node_tokens, draft_q, node_drafts
-
-    def _cycle(self, length, root, pending, temperature, generator):
-        device = self.lm_head.weight.device
-        self.timer.start()
-        proposal = lookup.continuation(self.context, self.lookup_tokens) if self.lookup_tokens else []
-        if self.copying and proposal:
-            return self._copy_cycle(length, root, pending, proposal, temperature, generator)
-        # 1. the head catches up on the pairs with true features; its last output is the root's.
-        features, tokens = pending
-        committed = self.head_cache.layers[0].length
-        k = len(tokens)
-        visible = torch.ones(k, committed + k, dtype=torch.bool, device=device)
-        visible[:, committed:] = torch.ones(k, k, dtype=torch.bool, device=device).tril_()
-        root_prediction = self._head(features, tokens, torch.arange(length - k + 1, length + 1, device=device),
-                                     visible)[-1]
-        committed += k
-        # 2. draft the tree (the head's tree entries are dropped afterwards).
-        if isinstance(self.tree, dynamic.DynamicTree):
-            tree, node_tokens, draft_q, node_drafts = self._draft_dynamic(length, root, root_prediction, committed,
-                                                                          temperature, generator)
-            tree_depth, tree_visible = self._buffers(tree)
-        else:
-            tree, (tree_depth, tree_visible) = self.tree, self.static_buffers
-            node_tokens, draft_q = self._draft_static(length, root, root_prediction, committed, temperature,
-                                                      generator)
-            node_drafts = {}
-        drafted, branch = tree.size, {}  # nodes 1..drafted hold head drafts; branch: node -> its lookup child
-        if proposal:
-            tree, node_tokens, branch = lookup.graft(tree, node_tokens, proposal)
-            tree_depth, tree_visible = self._buffers(tree)
-        keep(self.head_cache, committed, node_tokens[:0])
-        self.timer.lap("draft")
-        # 3. one target forward over the whole tree.
-        visible = torch.cat([torch.ones(tree.size + 1, length, dtype=torch.bool, device=device), tree_visible], 1)
-        features = self._target(node_tokens, length + tree_depth, visible)
-        self.timer.lap("target")
-        # 4. verify from the root down.  One lm_head pass over the whole tree: it reads the weights once
-        #    (on a 2-core CPU a 26-row pass costs about what the walk's two or three one-row passes would).  At
-        #    T = 0 every lossless verifier outputs the target's argmax, so the walk follows it, taking
-        #    the argmax of the rows it visits only (a bf16 max with indices over all of them is slow).
+    def _cycle(self, call: Call) -> list[int]:
+        call.timer.start()
+        draft = self.drafter.draft(self.draft_model, call)
+        call.timer.lap("draft")
+        features = self._target(call, draft.tokens, call.length + draft.layout.depth, draft.layout.mask)
+        call.timer.lap("target")
+        # One lm_head pass over the whole tree: it reads the weights once.
         logits = self.lm_head(features)
-        greedy = temperature == 0
-        node, accepted = 0, []
-        while True:
-            kids = tree.children[node]
-            if greedy:
-                output = first_argmax(logits[node])
-            else:
-                output = self._verify_node(warp(logits[node], temperature), node_tokens, node, draft_q, node_drafts,
-                                           [kid for kid in kids if kid <= drafted], branch.get(node), generator)
-            if not kids:
-                bonus = output
-                break
-            drafts = node_tokens[list(kids)]
-            match = (drafts == output).nonzero()
-            self.accepted_ranks.append(int(match[0]) if len(match) else -1)
-            if len(match) == 0:
-                bonus = output
-                break
-            node = kids[int(match[0])]
-            accepted.append(node)
-            if output in self.eos:
-                self.timer.lap("verify")
-                return [int(node_tokens[n]) for n in accepted], None
-        self.timer.lap("verify")
-        # 5. commit: the accepted nodes' target entries move next to the root; the head
-        #    gets their true features as pending pairs at the start of the next cycle.
-        keep(self.target_cache, length + 1, torch.tensor([length + n for n in accepted], device=device))
-        path = [0] + accepted
-        emitted = [int(node_tokens[n]) for n in accepted] + [bonus]
-        pending = (features[path], torch.tensor(emitted, device=device))
-        self.copying = lookup.agreement(emitted, proposal) >= lookup.COPY_MIN
-        self.timer.lap("commit")
-        return emitted, pending
+        if call.temperature == 0:
+            path, emitted = self._accept_greedy(call, draft, logits)
+        else:
+            path, emitted = self._walk(call, draft, logits)
+        call.timer.lap("verify")
+        count = len(emitted) - 1
+        call.target_cache.truncate(call.length + 1 + count)
+        pairs = (features.index_select(0, path[: count + 1]), torch.cat([draft.tokens.index_select(0, path[1 : count + 1]),
+                                                                        call.root]))
+        call.pending = (torch.cat([call.pending[0], pairs[0]]), torch.cat([call.pending[1], pairs[1]])) \
+            if draft.copy else pairs
+        call.length += count + 1
+        call.copying = lookup.agreement(emitted, draft.proposal) >= lookup.COPY_MIN
+        call.timer.lap("commit")
+        return emitted
 
-    def _verify_node(self, p, node_tokens, node, draft_q, node_drafts, head_kids, lookup_kid, generator) -> int:
-        """The output token at a node at T > 0, distributed as p: the lookup draft first, with probability
+    def _accept_greedy(self, call: Call, draft, logits) -> tuple[torch.Tensor, list[int]]:
+        """T = 0: the whole tree resolved on the device and one transfer.  Every lossless verifier outputs the
+        target's argmax, so a node is accepted when its token is its parent's argmax and every ancestor is
+        accepted; the deepest accepted node ends the path (ties: the lower index, the walk's first match)."""
+        layout, tokens = draft.layout, draft.tokens
+        argmax = first_argmax(logits)
+        missed = tokens != argmax.index_select(0, layout.parent)
+        reached = ~(layout.below_root & missed).any(-1)
+        best = torch.where(reached, layout.rank, -1).argmax().reshape(1)
+        path = layout.paths.index_select(0, best)[0]
+        bonus = argmax.index_select(0, best)
+        # the accepted entries move next to the root before the transfer, so the device never waits for the host
+        call.target_cache.gather(call.length + 1, call.length + path[1:])
+        call.root = bonus
+        head = layout.depth.index_select(0, best)
+        values = torch.cat([head, path, tokens.index_select(0, path), bonus]).tolist()
+        count, depth = values[0], len(path) - 1
+        nodes, path_tokens = values[1 : 2 + count], values[2 + depth : 3 + depth + count]
+        for parent, node in zip(nodes, nodes[1:]):
+            call.accepted_ranks.append(draft.tree.children[parent].index(node))
+        if draft.tree.children[nodes[-1]]:
+            call.accepted_ranks.append(-1)
+        call.root_id = values[-1]
+        return path, path_tokens[1:] + [values[-1]]
+
+    def _walk(self, call: Call, draft, logits) -> tuple[torch.Tensor, list[int]]:
+        """T > 0: from the root down, the verifier draws the output token at each node (one transfer a node)."""
+        layout, node, emitted, outputs = draft.layout, 0, [], []
+        while True:
+            kids = draft.tree.children[node]
+            output = self._verify_node(call, draft, logits, node, kids)
+            outputs.append(output)
+            candidates = draft.tokens.index_select(0, layout.children[node, : max(len(kids), 1)])
+            hit = (candidates == output) if kids else candidates != candidates
+            rank = torch.where(hit.any(), hit.to(torch.int8).argmax(), -1)
+            token, rank = torch.cat([output, rank[None]]).tolist()
+            emitted.append(token)
+            if kids:
+                call.accepted_ranks.append(rank)
+            if rank < 0 or token in self.eos:
+                break
+            node = kids[rank]
+        path = layout.paths[node]
+        if rank >= 0:  # an accepted token was EOS: the call ends here, nothing to commit
+            return path, emitted
+        call.target_cache.gather(call.length + 1, call.length + path[1:])
+        call.root, call.root_id = outputs[-1], emitted[-1]
+        return path, emitted
+
+    def _verify_node(self, call: Call, draft, logits, node, kids) -> torch.Tensor:
+        """The output token at a node at T > 0, distributed as p [1]: the lookup draft first, with probability
         p(its token), then the verifier on the head drafts against the rest of p (lookup.py)."""
+        p = warp(logits[node], call.temperature)
+        lookup_kid = draft.branch.get(node)
+        head_kids = len(kids) if draft.head_nodes is None else sum(kid <= draft.head_nodes for kid in kids)
         if lookup_kid is not None:
-            sampled, token = self._sample(p, generator), int(node_tokens[lookup_kid])
-            if sampled == token or not head_kids:
+            sampled = drafting.draw(p, 1, call.generator)
+            token = draft.proposal[draft.tree.depth[lookup_kid] - 1]
+            if head_kids == 0 or sampled.tolist()[0] == token:
                 return sampled  # a sample of p; when it is not the lookup token, a sample of p without it
             p = lookup.without(p, token)
-        if not head_kids:
-            return self._sample(p, generator)
+        if head_kids == 0:
+            return drafting.draw(p, 1, call.generator)
         # a dynamic tree's verifier sees the node's whole draft tuple, pruned drafts included
-        drafts = node_drafts.get(node, node_tokens[head_kids])
-        return self.verifier.sample(p, self.vocabulary_q(*draft_q[node]), drafts, generator)
-
-    def _copy_cycle(self, length, root, pending, proposal, temperature, generator):
-        """A cycle of prompt-lookup drafts only, while the answer copies a span.
-
-        The head is not run: this cycle's pairs join the pending ones and it catches up on all of them
-        at the next full cycle.  Back to full cycles once fewer than lookup.COPY_MIN drafts agree.
-        """
-        device = self.lm_head.weight.device
-        self.copy_cycles += 1
-        n = len(proposal)
-        node_tokens = torch.tensor([root] + proposal, device=device)
-        chain = torch.ones(n + 1, n + 1, dtype=torch.bool, device=device).tril_()
-        visible = torch.cat([torch.ones(n + 1, length, dtype=torch.bool, device=device), chain], 1)
-        self.timer.lap("draft")
-        features = self._target(node_tokens, torch.arange(length, length + n + 1, device=device), visible)
-        self.timer.lap("target")
-        logits = self.lm_head(features)
-        if temperature == 0:
-            outputs = first_argmax(logits)
-        else:  # each node's output is a sample of its p (lookup.py); the walk stops at the first miss
-            outputs = []
-            for j in range(n + 1):
-                outputs.append(self._sample(warp(logits[j], temperature), generator))
-                if j == n or outputs[j] != proposal[j]:
-                    break
-        accepted = lookup.agreement(outputs, proposal)
-        emitted = proposal[:accepted] + [outputs[accepted]]
-        self.timer.lap("verify")
-        eos = next((i for i, token in enumerate(emitted[:-1]) if token in self.eos), None)
-        if eos is not None:
-            return emitted[: eos + 1], None
-        keep(self.target_cache, length + 1, torch.arange(length + 1, length + 1 + accepted, device=device))
-        pending = (torch.cat([pending[0], features[: accepted + 1]]),
-                   torch.cat([pending[1], torch.tensor(emitted, device=device)]))
-        self.copying = accepted >= lookup.COPY_MIN
-        self.timer.lap("commit")
-        return emitted, pending
+        drafts = draft.drafts.get(node)
+        if drafts is None:
+            drafts = draft.tokens.index_select(0, draft.layout.children[node, :head_kids])
+        q, ids = draft.q_of(node)
+        return self.verifier.sample_batch(p, self.draft_model.vocabulary_q(q, ids), drafts, call.generator)[None]

@@ -91,35 +91,32 @@ def measure_acceptance(decoder: engine.Decoder, prompts: list[list[int]], max_ne
 def time_cycle_parts(decoder: engine.Decoder, prompt: list[int], sizes=(1, 2, 4, 8, 16, 32, 64),
                      repeats: int = 5) -> dict:
     """Median seconds of a target forward over n tree tokens after `prompt`, and of one head draft step."""
-    device = decoder.lm_head.weight.device
-    prompt = torch.tensor(prompt, device=device)
-    length = len(prompt)
-    capacity = length + max(sizes) + 2
-    decoder.target_cache = engine.preallocated_cache(decoder.target.config.num_hidden_layers, capacity)
-    decoder.head_cache = engine.preallocated_cache(len(decoder.head.layers), capacity)
+    device = decoder.device
+    call, prompt = decoder.start(prompt, max(sizes), 1.0)  # caches for the prompt and the largest call
+    length, dtype = len(prompt), decoder.target.dtype
     timings = {"target_s": {}, "head_step_s": 0.0}
     with torch.inference_mode():
-        causal = torch.ones(length, length, dtype=torch.bool, device=device).tril_()
-        features = decoder._target(prompt, torch.arange(length, device=device), causal)
+        features = decoder.target_forward(call.target_cache, prompt, torch.arange(length, device=device))
         for n in sizes:
             tokens = prompt[-1:].repeat(n)
-            visible = torch.ones(n, length + n, dtype=torch.bool, device=device)
+            visible = torch.zeros(n, length + n, dtype=dtype, device=device)
             samples = []
             for _ in range(repeats + 1):
                 start = time.perf_counter()
-                decoder._target(tokens, torch.full((n,), length, device=device), visible)
+                decoder.target_forward(call.target_cache, tokens, torch.full((n,), length, device=device), visible)
                 samples.append(time.perf_counter() - start)
-                engine.keep(decoder.target_cache, length, tokens[:0])
+                call.target_cache.truncate(length)
             timings["target_s"][n] = sorted(samples[1:])[repeats // 2]
         inputs = features[-8:]
-        visible = torch.ones(8, 8, dtype=torch.bool, device=device)
+        visible = torch.zeros(8, 8, dtype=dtype, device=device)
         samples = []
         for _ in range(repeats + 1):
             start = time.perf_counter()
-            outputs = decoder._head(inputs, prompt[-8:], torch.arange(8, device=device), visible)
-            decoder._draft_distribution(outputs, 1.0)
+            outputs = decoder.draft_model.run(call.head_cache, inputs, prompt[-8:], torch.arange(8, device=device),
+                                              visible, 0)
+            decoder.draft_model.distribution(outputs, 1.0)
             samples.append(time.perf_counter() - start)
-            engine.keep(decoder.head_cache, 0, prompt[:0])
+            call.head_cache.truncate(0)
         timings["head_step_s"] = sorted(samples[1:])[repeats // 2]
     return timings
 

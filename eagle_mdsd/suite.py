@@ -39,7 +39,8 @@ SAMPLING_TREE = "chain2"
 
 
 def make_runner(method: str, target, tokenizer, draft_head=None, topology=None, drafter="topk",
-                verifier="topk", draft_vocab: int | str | None = "auto", kernels_choice: str = "auto"):
+                verifier="topk", draft_vocab: int | str | None = "auto", kernels_choice: str = "auto",
+                cuda_graphs: str = "auto"):
     """What answers with `method`: an engine.Decoder (eagle, baseline; kernels_choice: kernels.CHOICES) or a
     TransformersPeer (stock kernels always: transformers as users run it)."""
     eos = models.eos_token_ids(target, tokenizer)
@@ -48,9 +49,9 @@ def make_runner(method: str, target, tokenizer, draft_head=None, topology=None, 
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}: use one of {', '.join(METHODS)}")
     if method == "baseline":
-        return engine.Decoder(target, eos_token_ids=eos, kernels_choice=kernels_choice)
+        return engine.Decoder(target, eos_token_ids=eos, kernels_choice=kernels_choice, cuda_graphs=cuda_graphs)
     return engine.Decoder(target, draft_head, topology, drafter, verifier, eos_token_ids=eos, draft_vocab=draft_vocab,
-                          kernels_choice=kernels_choice)
+                          kernels_choice=kernels_choice, cuda_graphs=cuda_graphs)
 
 
 def check_fits(topology, drafter: str, verifier: str) -> None:
@@ -242,6 +243,7 @@ class BenchmarkPlan:
     sampling_tree: str = SAMPLING_TREE
     draft_vocab: int | str | None = "auto"
     kernels_choice: str = "auto"
+    cuda_graphs: str = "auto"
     dtype: str = "bfloat16"
     device: str = "cpu"
     max_new_tokens: int = 128
@@ -268,7 +270,8 @@ def run_benchmark(out: Path, answers: Path, plan: BenchmarkPlan = BenchmarkPlan(
     made = {}  # one decoder when both temperatures share the tree and pair
     for method in plan.methods:
         if method != "eagle":
-            runner = make_runner(method, target, tokenizer, kernels_choice=plan.kernels_choice)
+            runner = make_runner(method, target, tokenizer, kernels_choice=plan.kernels_choice,
+                                 cuda_graphs=plan.cuda_graphs)
             runners[False, method] = runners[True, method] = (method, runner)
             continue
         for setup in setups:
@@ -276,7 +279,7 @@ def run_benchmark(out: Path, answers: Path, plan: BenchmarkPlan = BenchmarkPlan(
                 key = (tree_name, *pair)
                 if key not in made:
                     made[key] = make_runner(method, target, tokenizer, draft_head, topology, *pair,
-                                            plan.draft_vocab, plan.kernels_choice)
+                                            plan.draft_vocab, plan.kernels_choice, plan.cuda_graphs)
                 runners[sampled, "eagle" if len(setups) == 1 else f"eagle[{tree_name}]"] = (method, made[key])
                 # (entries sharing the sampling tree share its label, so it runs once at T > 0)
     date = datetime.date.today().isoformat()
@@ -406,6 +409,7 @@ class SweepPlan:
     max_new_tokens: int = 64
     draft_vocab: int | str | None = "auto"
     kernels_choice: str = "auto"
+    cuda_graphs: str = "auto"
     dtype: str = "bfloat16"
     device: str = "cpu"
     seed: int = 0
@@ -441,7 +445,7 @@ def sweep(out: Path, answers: Path, plan: SweepPlan = SweepPlan()) -> Path:
     rows = []
     for t, tree_name, drafter, verifier in tqdm(cells, desc="sweep cells"):
         runner = make_runner("eagle", target, tokenizer, draft_head, topologies[tree_name], drafter, verifier,
-                             plan.draft_vocab, plan.kernels_choice)
+                             plan.draft_vocab, plan.kernels_choice, plan.cuda_graphs)
         answer_file = files[t, tree_name, drafter, verifier]
         bench.run(runner, tokenizer, chosen, answer_file, f"{models.EMBEDDED_NAME}-eagle",
                   bench.Settings("eagle", plan.max_new_tokens, t, plan.seed, turns=plan.turns), progress=False)

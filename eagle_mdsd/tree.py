@@ -106,3 +106,47 @@ def load(spec: str) -> Tree:
         raise ValueError(f"tree file {spec} is not valid JSON: {error.msg} at line {error.lineno}") from None
     paths = data.get("paths") if isinstance(data, dict) else data
     return compile_tree(paths, path.stem)
+
+
+def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """bool [q, kv] -> float [q, kv], 0 where visible and the dtype's minimum elsewhere: the form eager and SDPA
+    attention take as it is."""
+    mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
+    return mask.masked_fill_(~visible, torch.finfo(dtype).min)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A tree's device buffers for one target forward over [root, nodes] and for verifying it with tensor ops."""
+
+    depth: torch.Tensor      # [N+1] long: position offset of each node from the root
+    mask: torch.Tensor       # [N+1, N+1] additive: each node sees its ancestors and itself
+    parent: torch.Tensor     # [N+1] long, the root its own parent
+    below_root: torch.Tensor  # [N+1, N+1] bool: row's ancestors and itself, the root left out
+    paths: torch.Tensor      # [N+1, D+1] long: the nodes from the root to each node, padded with the node
+    rank: torch.Tensor       # [N+1] long: deeper first, then lower index (which accepted node ends the path)
+    children: torch.Tensor   # [N+1, W] long: each node's children in sibling order, padded with 0
+
+
+def layout(tree: Tree, device, dtype: torch.dtype) -> Layout:
+    """The buffers, made on the host and sent to the device in one copy (dynamic and grafted trees make one a
+    cycle)."""
+    count, deepest = tree.size + 1, tree.max_depth
+    width = max(len(kids) for kids in tree.children)
+    paths = []
+    for node in range(count):
+        chain = [node]
+        while chain[-1] != 0:
+            chain.append(tree.parent[chain[-1]])
+        paths.append(chain[::-1] + [node] * (deepest + 1 - len(chain)))
+    rows = [list(tree.depth), [0] + list(tree.parent[1:]), [d * count - i for i, d in enumerate(tree.depth)]]
+    host = torch.cat([torch.tensor(rows).reshape(-1), torch.tensor(paths).reshape(-1),
+                      torch.tensor([list(kids) + [0] * (width - len(kids)) for kids in tree.children]).reshape(-1),
+                      tree.ancestors.reshape(-1).long()])
+    depth, parent, rank, paths, children, ancestors = host.to(device).split(
+        [count, count, count, count * (deepest + 1), count * width, count * count])
+    ancestors = ancestors.view(count, count).bool()
+    below_root = ancestors.clone()
+    below_root[:, 0] = False
+    return Layout(depth, additive_mask(ancestors, dtype), parent, below_root, paths.view(count, deepest + 1), rank,
+                  children.view(count, width))

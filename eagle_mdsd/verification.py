@@ -27,8 +27,6 @@ def _positive_part_normalised(x: torch.Tensor, fallback: torch.Tensor) -> torch.
     """norm((x)_+) where it has mass; `fallback` where it has none (that branch has probability 0)."""
     pos = x.clamp_min(0.0)
     mass = pos.sum(-1, keepdim=True)
-    if bool((mass > 0).all()):
-        return pos / mass
     return torch.where(mass > 0, pos / mass.clamp_min(torch.finfo(x.dtype).tiny), fallback)
 
 

@@ -6,7 +6,7 @@ embeddings, residual adds and attention, a few small ops each per layer.
 Would compiling the forward, which fuses those ops, make the engine much
 faster?  For 1 row (a plain step), 3 rows (chain2's tree) and 26 rows
 (eagle_default's) after a context of C tokens, this times the decoder's
-target call (`Decoder._target`: features after the final norm, the tree's
+target call (`Decoder.target_forward`: features after the final norm, the tree's
 mask) on two copies of the embedded default in bf16, taking turns, median of
 N calls: (a) as the engine runs it, transformers' eager modules on packed
 weights; (b) the model compiled by inductor (`torch.compile`, dynamic
@@ -28,6 +28,8 @@ from pathlib import Path
 import torch
 
 from eagle_mdsd import benchmarks, engine, kernels, models
+from eagle_mdsd.cache import KVCache
+from eagle_mdsd.tree import additive_mask
 
 ROWS = {1: "plain step", 3: "chain2", 26: "eagle_default"}
 
@@ -42,25 +44,25 @@ class Forward:
 
     def prefill(self, context_ids: torch.Tensor, capacity: int) -> None:
         """The context goes in eagerly (both arms the same way), so that only the timed calls differ."""
-        self.decoder.target_cache = engine.preallocated_cache(len(self.decoder.decoder_model.layers), capacity)
+        self.cache = KVCache(len(self.decoder.decoder_model.layers), capacity)
         self.context = len(context_ids)
         self.decoder.decoder_model = self.eager_model
         with torch.inference_mode(), kernels.packed(self.decoder.packed):
-            self.decoder._target(context_ids, torch.arange(self.context))
+            self.decoder.target_forward(self.cache, context_ids, torch.arange(self.context))
         self.decoder.decoder_model = self.model
 
     def call(self, tokens: torch.Tensor) -> tuple[torch.Tensor, float]:
         """(features, seconds) of one call over `tokens` as a chain after the context (a tree's mask; one row
         without a mask, as the engine's plain step); the context is left as it was."""
         rows = len(tokens)
-        visible = None if rows == 1 else torch.ones(rows, self.context + rows, dtype=torch.bool).tril(self.context)
+        visible = None if rows == 1 else additive_mask(torch.ones(rows, self.context + rows, dtype=torch.bool)
+                                                       .tril(self.context), self.decoder.target.dtype)
         positions = torch.arange(self.context, self.context + rows)
         with torch.inference_mode(), kernels.packed(self.decoder.packed):
             start = time.perf_counter()
-            features = self.decoder._target(tokens, positions, visible)
+            features = self.decoder.target_forward(self.cache, tokens, positions, visible)
             seconds = time.perf_counter() - start
-        for layer in self.decoder.target_cache.layers:
-            layer.length = self.context
+        self.cache.truncate(self.context)
         return features, seconds
 
 

@@ -625,8 +625,8 @@ def test_the_gpu_script_refuses_an_incomplete_bundle(tmp_path):
 @pytest.mark.parametrize("greedy_minutes, checks", [(None, True), ("0", False)])
 def test_the_gpu_script_checks_greedy_with_the_shipped_head_then_benchmarks(tmp_path, greedy_minutes, checks):
     """With the whole bundle, scripts/gpu_table.sh joins the model, installs the wheels, runs the greedy check (the
-    shipped head, float32, bf16 and fp16; GREEDY_MINUTES=0 skips it) and the benchmark with the extra arguments,
-    and packs what they wrote."""
+    shipped head, float32 and bf16, CUDA graphs on and off; GREEDY_MINUTES=0 skips it), the 7B-shaped cycle
+    timing and the benchmark with the extra arguments, and packs what they wrote."""
     import subprocess
     import tarfile
 
@@ -651,8 +651,12 @@ case "$*" in *" benchmark "*) echo page >evaluation/results/bench.md ;; esac
     calls = (tmp_path / "calls").read_text().splitlines()
     assert calls[0].startswith("-m pip install -q --no-index --no-deps")
     greedy = [c for c in calls if " check-greedy " in c]
-    assert greedy == ([f"-m eagle_mdsd.cli check-greedy --device cuda --questions 2 --max-new-tokens 64 --dtypes "
-                       f"float32,bfloat16,float16 --ea-model eagle_mdsd/heads/smollm2-135m-instruct"] if checks else [])
+    assert greedy == ([f"-m eagle_mdsd.cli check-greedy --device cuda --questions 1 --max-new-tokens 64 --dtypes "
+                       f"float32,bfloat16 --trees baseline eagle_default chain2 eagle2 eagle_default+lookup "
+                       f"--cuda-graphs {graphs} --ea-model eagle_mdsd/heads/smollm2-135m-instruct"
+                       for graphs in ("auto", "off")] if checks else [])
+    assert [c for c in calls if "gpu_cycle" in c] == [
+        "evaluation/gpu_cycle.py --device cuda --shape vicuna7b --profile --out evaluation/results/gpu_cycle"]
     bench = [c for c in calls if " benchmark " in c]
     assert len(bench) == 1 and bench[0].endswith("_bfloat16_cuda --sampling-tree same --questions 3")
     with tarfile.open(out / "results.tgz") as packed:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import itertools
 import json
 import math
@@ -69,8 +71,8 @@ def test_the_test_catches_a_verifier_that_sees_only_the_kept_children(tiny, monk
     # The wrong rule: verify the pruned tuple, as if the kept children were all that was drawn.
     target, draft_head = tiny
     decoder = engine.Decoder(target, draft_head, dynamic.load(SAMPLED[0][2]), "greedy", "greedy")
-    draft = decoder._draft_dynamic
-    monkeypatch.setattr(decoder, "_draft_dynamic", lambda *args: draft(*args)[:3] + ({},))
+    draft = decoder.drafter.draft
+    monkeypatch.setattr(decoder.drafter, "draft", lambda *args: dataclasses.replace(draft(*args), drafts={}))
     assert chi_square_p_value(empirical_first_three(decoder, 1.0, 4000), exact_first_three(target, 1.0)) < P_VALUE
 
 

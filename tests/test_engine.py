@@ -83,16 +83,17 @@ REDUCED = [("with_replacement", "rrs_w", "wide"), ("with_replacement", "kseq", "
 
 @pytest.mark.parametrize("scheme, verifier, tree_name", REDUCED, ids=["-".join(c) for c in REDUCED])
 def test_a_reduced_draft_vocabulary_stays_exact(tiny, scheme, verifier, tree_name):
-    # q lives on 2 of the 4 tokens.  wide: the root's 3 drafts need the fill convention, so that level
-    # draws from the whole vocabulary and the next from the 2 tokens; binary2: every level from the 2.
+    # q lives on 2 of the 4 tokens.  wide: the root's 3 drafts need the fill convention (the lowest ids not yet
+    # drawn), which the compact q reaches through the lowest ids it carries at q = 0; binary2: 2 drafts a node.
     target, draft_head = tiny
     draft_head.draft_vocab = [2, 0, 3, 1]
     try:
         decoder = engine.Decoder(target, draft_head, tree.compile_tree(TREES[tree_name]), scheme, verifier,
                                  draft_vocab=2)
-        q, ids = decoder._draft_distribution(torch.randn(3, target.config.hidden_size, dtype=target.dtype), 1.0)
-        assert ids.tolist() == [0, 2]
-        q = decoder.vocabulary_q(q, ids)
+        model = decoder.draft_model
+        q, ids = model.distribution(torch.randn(3, target.config.hidden_size, dtype=target.dtype), 1.0)
+        assert ids.tolist() == [0, 1, 2] and torch.equal(q[:, 1], torch.zeros(3))  # token 1: fill only
+        q = model.vocabulary_q(q, ids)
         assert torch.equal(q[:, [1, 3]], torch.zeros(3, 2)) and torch.allclose(q.sum(-1), torch.ones(3))
         exact = exact_first_three(target, 1.0)
         assert chi_square_p_value(empirical_first_three(decoder, 1.0), exact) > P_VALUE
@@ -134,8 +135,10 @@ def test_a_two_layer_head_drafts_through_its_own_cache_and_stays_greedy(tiny):
             sequence.append(int(target(torch.tensor([sequence])).logits[0, -1].argmax()))
     for scheme, verifier in (("topk", "topk"), ("without_replacement", "rrs_wo")):
         decoder = engine.Decoder(target, draft_head, tree.compile_tree(TREES["wide"]), scheme, verifier)
-        assert decoder.generate(PROMPT, 12, 0.0).token_ids == sequence[len(PROMPT):]
-        assert len(decoder.head_cache.layers) == 2
+        call, prompt = decoder.start(PROMPT, 12, 0.0)
+        with torch.inference_mode():
+            assert decoder.run(call, prompt, 12).token_ids == sequence[len(PROMPT):]
+        assert len(call.head_cache.layers) == 2 and call.head_cache.buffer.shape[0] == 2
 
 
 def test_baseline_and_stats(tiny):
@@ -220,3 +223,44 @@ def test_auto_draft_vocabulary_follows_the_head(tiny):
         assert engine.resolve_draft_vocab(draft_head, "auto") == 4 and engine.resolve_draft_vocab(draft_head, 2) == 2
     finally:
         draft_head.draft_vocab = None
+
+
+def test_static_shapes_decode_as_the_growing_cache(tiny):
+    # The static caches that CUDA graphs replay (writes at slots given as tensors, attention over the whole
+    # capacity with a mask) give the same tokens as the growing cache: at T = 0 and, seed for seed, at T = 1
+    # for every pair, so the T = 1 tests above certify them too; the second call reuses the kept caches.
+    target, draft_head = tiny
+    for scheme, verifier, tree_name in CASES:
+        growing = engine.Decoder(target, draft_head, tree.compile_tree(TREES[tree_name]), scheme, verifier)
+        static = engine.Decoder(target, draft_head, tree.compile_tree(TREES[tree_name]), scheme, verifier,
+                                static_shapes=True)
+        for seed in range(4):
+            for temperature in (0.0, 1.0):
+                expected = growing.generate(PROMPT, 10, temperature, seed=seed).token_ids
+                assert static.generate(PROMPT, 10, temperature, seed=seed).token_ids == expected, (scheme, verifier)
+        assert len(static.static_caches) == 1 and next(iter(static.static_caches.values()))[0].static
+
+
+@pytest.mark.parametrize("spec", ["eagle_default", "eagle_default+lookup", "eagle2:total_tokens=8,depth=3,top_k=3"])
+def test_static_shapes_stay_greedy_on_every_kind_of_tree(spec):
+    from eagle_mdsd import dynamic
+    from tiny import tiny_family
+
+    target = tiny_family("llama")
+    draft_head = head.random_head(target)
+    with torch.no_grad():
+        draft_head.fc.weight.mul_(20.0)
+    reference = engine.Decoder(target).generate(PROMPT, 24, method="baseline").token_ids
+    static = engine.Decoder(target, draft_head, dynamic.load(spec), static_shapes=True)
+    result = static.generate(PROMPT, 24, 0.0)
+    assert result.token_ids == reference and result.cycles < 23
+    assert engine.Decoder(target, static_shapes=True).generate(PROMPT, 24, method="baseline").token_ids == reference
+
+
+def test_cuda_graphs_are_asked_for_by_name():
+    from eagle_mdsd import graphs
+
+    assert graphs.resolve("auto", torch.device("cpu")) is False and graphs.resolve("off", torch.device("cuda")) is False
+    assert graphs.resolve("auto", torch.device("cuda")) is True
+    with pytest.raises(ValueError, match="unknown --cuda-graphs 'on': use one of auto, off"):
+        graphs.resolve("on", torch.device("cpu"))

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from eagle_mdsd import head, training
-from eagle_mdsd.engine import additive_mask, preallocated_cache
+from eagle_mdsd.cache import KVCache as preallocated_cache
+from eagle_mdsd.engine import additive_mask
 
 import evaluation_scripts
 from tiny import tiny_target

@@ -1,0 +1,77 @@
+"""CUDA graphs of the decoder's fixed-shape calls: the target's tree forward and plain step, the head's steps.
+
+A call of k rows into a static-shape cache (cache.py: new entries written at slots given as a tensor,
+attention over the whole capacity with a mask) has the same shapes every cycle, so it is captured once
+and replayed: one launch instead of the hundreds of ops of a forward issued from Python.  A graph
+reads its inputs from buffers of its own (the call's values are copied in before each replay) and
+writes into the same output tensors every time: a caller uses them before that graph's next replay.
+
+Capture happens on a graph's first call and its seconds are counted apart (`seconds`), so that the
+decoder can keep them out of the timed region.  If the stock modules refuse capture, the error is
+said once, in one line, and the calls run eagerly.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+
+import torch
+
+CHOICES = ("auto", "off")
+
+
+def resolve(choice: str, device: torch.device) -> bool:
+    """--cuda-graphs auto|off -> whether to capture: auto means on CUDA."""
+    if choice not in CHOICES:
+        raise ValueError(f"unknown --cuda-graphs {choice!r}: use one of {', '.join(CHOICES)}")
+    return choice == "auto" and torch.device(device).type == "cuda"
+
+
+class Graphs:
+    """One captured graph per key (the caller's: which function, its row count and its cache)."""
+
+    def __init__(self):
+        self.entries: dict = {}
+        self.seconds = 0.0  # spent warming up and capturing
+        self.refused: str | None = None  # why capture failed, after which every call runs eagerly
+        self.pool = None
+
+    def run(self, key, function, *inputs):
+        entry = self.entries.get(key)
+        if entry is None:
+            if self.refused is not None:
+                return function(*inputs)
+            start = time.perf_counter()
+            try:
+                entry = self._capture(function, inputs)
+            except Exception as error:  # the stock modules did something capture does not allow
+                self.refused = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+                warnings.warn(f"CUDA graph capture failed ({self.refused}); running eagerly: pass --cuda-graphs off "
+                              f"to skip the attempt", stacklevel=2)
+                torch.cuda.synchronize()
+                return function(*inputs)
+            finally:
+                self.seconds += time.perf_counter() - start
+            self.entries[key] = entry
+        buffers, graph, outputs = entry
+        for buffer, value in zip(buffers, inputs):
+            buffer.copy_(value)
+        graph.replay()
+        return outputs
+
+    def _capture(self, function, inputs):
+        buffers = [value.clone() for value in inputs]
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up off the capture: lazy allocations, kernel selection
+            for _ in range(2):
+                function(*buffers)
+        torch.cuda.current_stream().wait_stream(side)
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            outputs = function(*buffers)
+        torch.cuda.synchronize()
+        return buffers, graph, outputs
