@@ -1,19 +1,25 @@
 #!/usr/bin/env bash
-# The MT-Bench benchmark of the embedded default on a GPU (issue 5's GPU table), on a machine of the device
-# tool: its image has torch and transformers, and .gpu/ (made here by scripts/gpu_bundle.sh, carried there in
-# parts) brings the wheels and the model.  First `eagle-mdsd check-greedy` (2 questions, 64 tokens, every
-# tree, each of GREEDY_DTYPES, default float32, bf16 and fp16, with GREEDY_HEAD, default the shipped head,
-# so that drafts are accepted; at most GREEDY_MINUTES, default 3, and 0 skips it), then
-# `eagle-mdsd benchmark`, which takes the extra arguments and stops cleanly after GPU_MINUTES (default 6;
-# answer files keep finished questions, and a rerun with the same --name resumes).  Pages, charts, JSON,
-# answers and the check's rows go to $OUT/results.tgz, with nvidia-smi's output and the logs beside it.
+# The GPU checks and timings of the embedded default, in one call of the device tool (at most about 9 minutes):
+# its image has torch and transformers, and .gpu/ (made here by scripts/gpu_bundle.sh, carried there in parts)
+# brings the wheels and the model.
 #
-#     bash scripts/gpu_table.sh --sampling-tree same [--questions 8] [--name benchmark_DATE_bfloat16_cuda] ...
+# 1. `eagle-mdsd check-greedy` (GREEDY_QUESTIONS, default 1, x 64 tokens; GREEDY_TREES; each of GREEDY_DTYPES,
+#    default float32 and bf16; the shipped head or GREEDY_HEAD, so that drafts are accepted), once with CUDA graphs
+#    and once without; at most GREEDY_MINUTES, default 2, and 0 skips it;
+# 2. `evaluation/gpu_cycle.py`: a Vicuna-7B-shaped target with random bf16 weights, built on the GPU: ms per
+#    eagle_default cycle over ms per plain step, ours and `generate`'s, and the GPU's busy share (CYCLE_MINUTES,
+#    default 2; CYCLE_SHAPE, default vicuna7b);
+# 3. `eagle-mdsd benchmark`, which takes the extra arguments and stops cleanly after GPU_MINUTES (default 4;
+#    answer files keep finished questions, and a rerun with the same --name resumes).
+# Pages, JSON, answers and the check's rows go to $OUT/results.tgz, with nvidia-smi's output and the logs beside it.
+#
+#     bash scripts/gpu_table.sh --sampling-tree same --questions 8 --trees eagle_default chain2 eagle2 ...
 #
 # (--sampling-tree same: EAGLE keeps its trees at T = 1 as well, where the main command's default, tuned for a
 # 2-core CPU, runs chain2 there.)
 #
-# PYTHON (default python3) and DEVICE (default cuda) let it be tried on a CPU machine first.
+# PYTHON (default python3) and DEVICE (default cuda) let it be tried on a CPU machine first (DEVICE=cpu with
+# CYCLE_SHAPE=tiny).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
@@ -46,16 +52,23 @@ mkdir -p evaluation/results evaluation/answers  # (a run that fails at once leav
 listing() { find evaluation/results evaluation/answers -type f -printf '%T@ %s %p\n' | LC_ALL=C sort; }
 before=$(mktemp)
 listing >"$before"
-# First whether the engine is lossless there: T = 0 tokens against generate's, every tree.
-greedy_minutes=${GREEDY_MINUTES:-3}
+# First whether the engine is lossless there: T = 0 tokens against generate's, with CUDA graphs and without.
+greedy_minutes=${GREEDY_MINUTES:-2}
 if [ "$greedy_minutes" != 0 ]; then  # (timeout reads 0 as no limit)
-  timeout --signal=INT "${greedy_minutes}m" "$python" -m eagle_mdsd.cli check-greedy --device "$device" \
-    --questions 2 --max-new-tokens 64 --dtypes "${GREEDY_DTYPES:-float32,bfloat16,float16}" \
-    --ea-model "${GREEDY_HEAD:-eagle_mdsd/heads/smollm2-135m-instruct}" 2>&1 \
-    | tee "$out/check_greedy.log" || status=$?
+  for graphs in auto off; do
+    timeout --signal=INT "${greedy_minutes}m" "$python" -m eagle_mdsd.cli check-greedy --device "$device" \
+      --questions "${GREEDY_QUESTIONS:-1}" --max-new-tokens 64 --dtypes "${GREEDY_DTYPES:-float32,bfloat16}" \
+      --trees ${GREEDY_TREES:-baseline eagle_default chain2 eagle2 eagle_default+lookup} --cuda-graphs "$graphs" \
+      --ea-model "${GREEDY_HEAD:-eagle_mdsd/heads/smollm2-135m-instruct}" 2>&1 \
+      | tee "$out/check_greedy_graphs-$graphs.log" || status=$?
+  done
 fi
+# A cycle against a plain step on a 7B-shaped target, and how busy the GPU is.
+timeout --signal=INT "${CYCLE_MINUTES:-2}m" "$python" evaluation/gpu_cycle.py --device "$device" \
+  --shape "${CYCLE_SHAPE:-vicuna7b}" --profile --out evaluation/results/gpu_cycle 2>&1 | tee "$out/gpu_cycle.log" \
+  || status=$?
 # (a --name among the arguments comes later and wins)
-timeout --signal=INT "${GPU_MINUTES:-6}m" "$python" -m eagle_mdsd.cli benchmark --device "$device" \
+timeout --signal=INT "${GPU_MINUTES:-4}m" "$python" -m eagle_mdsd.cli benchmark --device "$device" \
   --name "benchmark_$(date +%F)_bfloat16_${device}" "$@" 2>&1 | tee "$out/benchmark.log" || status=$?
 made=$(listing | LC_ALL=C comm -13 "$before" - | cut -d' ' -f3-)
 [ -z "$made" ] || tar czf "$out/results.tgz" $made

@@ -1,0 +1,166 @@
+"""What the decoding loop costs the host, per cycle: transfers, launched ops and milliseconds.
+
+The target is a random Llama with SmolLM2-135M's layer count and heads but a hidden size of 72 and a
+vocabulary of 2,048, and a random EAGLE-1 head: its arithmetic is negligible, so the milliseconds are the
+host's cost of issuing the work, the part a GPU cannot hide (the op and transfer counts do not depend on
+the sizes).  Per cycle (a plain step for the baselines), at T = 0
+unless the row says otherwise:
+
+- transfers: device-to-host transfers (item, tolist, nonzero, bool(), int(), ...; hostsync.syncs), each
+  of which drains the launch queue on a GPU;
+- uploads: tensors made from host data (a copy that waits for the stream on CUDA);
+- aten ops: top-level aten ops (hostsync.top_level_ops), each a kernel launch on a GPU;
+- ms: wall time per cycle.
+
+A row's figures are (a call of N tokens) - (a call of 1 token, the prefill alone), over its cycles.
+transformers `generate` (greedy, DynamicCache, the same model) is the per-step reference.
+
+    .venv/bin/python evaluation/host_overhead.py [--tokens 48] [--out DIR]
+
+Writes DIR/host_overhead.md (default runs/host_overhead/DATE_HOST_TIME/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import socket
+import statistics
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+import torch
+import transformers
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from eagle_mdsd import benchmarks, dynamic, engine, head, hostsync
+
+ROWS = [  # (label, method, tree, drafter, verifier, temperature)
+    ("our plain step", "baseline", None, "topk", "topk", 0.0),
+    ("eagle_default", "eagle", "eagle_default", "topk", "topk", 0.0),
+    ("chain2", "eagle", "chain2", "topk", "topk", 0.0),
+    ("eagle2", "eagle", "eagle2", "topk", "topk", 0.0),
+    ("eagle_default+lookup", "eagle", "eagle_default+lookup", "topk", "topk", 0.0),
+    ("eagle_default, T = 1, without_replacement/rrs_wo", "eagle", "eagle_default", "without_replacement", "rrs_wo", 1.0),
+    ("eagle_default, T = 1, with_replacement/kseq", "eagle", "eagle_default", "with_replacement", "kseq", 1.0),
+]
+PROMPT = list(range(3, 40))
+
+
+def tiny_smollm_shape(seed: int = 0):
+    """SmolLM2-135M's 30 layers and 9 query and 3 key/value heads, at hidden size 72 (head dim 8), 2,048 tokens."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=2048, hidden_size=72, intermediate_size=128, num_hidden_layers=30,
+                         num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048,
+                         tie_word_embeddings=True)
+    return LlamaForCausalLM(config).eval()
+
+
+class Runner:
+    """One row: a generate(tokens) call against a generate(1) call, per cycle."""
+
+    def __init__(self, call, tokens: int):
+        self.call, self.tokens = call, tokens
+
+    def counts(self) -> dict:
+        with hostsync.syncs() as prefill:
+            self.call(1)
+        with hostsync.syncs() as full:
+            cycles = self.call(self.tokens)
+        with hostsync.top_level_ops() as prefill_ops:
+            self.call(1)
+        with hostsync.top_level_ops() as full_ops:
+            self.call(self.tokens)
+        return {"cycles": cycles,
+                "transfers": (hostsync.transfers(full) - hostsync.transfers(prefill)) / cycles,
+                "uploads": (full["to_device"] - prefill["to_device"]) / cycles,
+                "aten_ops": (full_ops[0] - prefill_ops[0]) / cycles}
+
+    def ms(self, repeats: int) -> float:
+        samples = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            self.call(1)
+            middle = time.perf_counter()
+            cycles = self.call(self.tokens)
+            samples.append(((time.perf_counter() - middle) - (middle - start)) / cycles)
+        return 1000 * statistics.median(samples)
+
+
+def ours(target, draft_head, row, tokens: int) -> Runner:
+    _, method, tree_name, drafter, verifier, temperature = row
+    decoder = engine.Decoder(target, draft_head if method == "eagle" else None,
+                             dynamic.load(tree_name) if tree_name else None, drafter, verifier, kernels_choice="stock")
+
+    def call(n):
+        return decoder.generate(PROMPT, n, temperature, seed=1, method=method).cycles or 1
+
+    return Runner(call, tokens)
+
+
+def transformers_generate(target, tokens: int) -> Runner:
+    prompt = torch.tensor([PROMPT])
+
+    def call(n):
+        with torch.inference_mode():
+            target.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
+        return max(n - 1, 1)
+
+    return Runner(call, tokens)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=48, help="new tokens a call (default 48)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed calls a row; the median counts (default 5)")
+    parser.add_argument("--out", type=Path, help="folder for the page (default runs/host_overhead/DATE_HOST_TIME)")
+    args = parser.parse_args()
+    stamp = datetime.now()
+    out = args.out or Path("runs/host_overhead") / f"{stamp:%Y-%m-%d}_{socket.gethostname()}_{stamp:%H%M%S}"
+    target = tiny_smollm_shape()
+    target.generation_config.eos_token_id = None
+    draft_head = head.random_head(target)
+    with torch.no_grad():
+        draft_head.fc.weight.mul_(20.0)
+    rows = []
+    runners = [("transformers `generate` step", transformers_generate(target, args.tokens))]
+    runners += [(row[0], ours(target, draft_head, row, args.tokens)) for row in ROWS]
+    for label, runner in runners:
+        runner.ms(1)  # warm-up
+        rows.append((label, runner.counts(), runner.ms(args.repeats)))
+        print(f"{label}: {rows[-1][1]} {rows[-1][2]:.2f} ms", flush=True)
+    plain = next(counts for label, counts, _ in rows if label == "our plain step")
+    plain_ms = next(ms for label, _, ms in rows if label == "our plain step")
+    lines = [
+        "# Host cost of the decoding loop, per cycle",
+        "",
+        f"Machine: {benchmarks.machine_line(benchmarks.machine())}, transformers {transformers.__version__}, "
+        f"Python {platform.python_version()}; {stamp:%Y-%m-%d}.",
+        "",
+        "Command: `" + " ".join([".venv/bin/python evaluation/host_overhead.py", *sys.argv[1:]]) + "`",
+        "",
+        "Target: a random Llama with SmolLM2-135M's 30 layers and 9/3 heads at hidden size 72 and 2,048 tokens, "
+        "float32, stock kernels; a random EAGLE-1 head. Its arithmetic is negligible, so the milliseconds are "
+        f"the host's. Each row: a call of {args.tokens} new tokens minus a call of 1 (the prefill), over its "
+        "cycles (plain steps for the baselines); ms the median of "
+        f"{args.repeats} calls.",
+        "",
+        "| per cycle | transfers to the host | tensors from host data | top-level aten ops | ops / our plain step "
+        "| ms | ms / our plain step |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for label, counts, ms in rows:
+        lines.append(f"| {label} | {counts['transfers']:.2f} | {counts['uploads']:.2f} | {counts['aten_ops']:.0f} | "
+                     f"{counts['aten_ops'] / plain['aten_ops']:.2f}x | {ms:.2f} | {ms / plain_ms:.2f}x |")
+    lines += ["", "Transfers: item, tolist, nonzero, numpy, bool(), int(), float(), a tensor as an index "
+              "(eagle_mdsd/hostsync.py). Tensors from host data: torch.tensor and torch.as_tensor of Python "
+              "values.", ""]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "host_overhead.md").write_text("\n".join(lines))
+    print(f"wrote {out / 'host_overhead.md'}")
+
+
+if __name__ == "__main__":
+    main()
