@@ -32,6 +32,6 @@ for i in "${!parts[@]}"; do
   if [ "$i" -lt "$last" ]; then
     echo "  run  carry=[\"${parts[$i]}\"]  command=\"ls -l .gpu\""
   else
-    echo "  run  carry=[\"${parts[$i]}\", \".gpu/wheels\", \".gpu/model.sha256\"]  command=\"bash scripts/gpu_table.sh --sampling-tree same\"  timeout_s=600"
+    echo "  run  carry=[\"${parts[$i]}\", \".gpu/wheels\", \".gpu/model.sha256\"]  command=\"bash scripts/gpu_table.sh --sampling-tree same --questions 8 --trees eagle_default chain2 eagle2\"  timeout_s=560"
   fi
 done

@@ -5,7 +5,7 @@
 #
 # 1. `eagle-mdsd check-greedy` (GREEDY_QUESTIONS, default 1, x 64 tokens; GREEDY_TREES; each of GREEDY_DTYPES,
 #    default float32 and bf16; the shipped head or GREEDY_HEAD, so that drafts are accepted), once with CUDA graphs
-#    and once without; at most GREEDY_MINUTES, default 2, and 0 skips it;
+#    and once without; each at most GREEDY_MINUTES, default 1, and 0 skips both;
 # 2. `evaluation/gpu_cycle.py`: a Vicuna-7B-shaped target with random bf16 weights, built on the GPU: ms per
 #    eagle_default cycle over ms per plain step, ours and `generate`'s, and the GPU's busy share (CYCLE_MINUTES,
 #    default 2; CYCLE_SHAPE, default vicuna7b);
@@ -53,7 +53,7 @@ listing() { find evaluation/results evaluation/answers -type f -printf '%T@ %s %
 before=$(mktemp)
 listing >"$before"
 # First whether the engine is lossless there: T = 0 tokens against generate's, with CUDA graphs and without.
-greedy_minutes=${GREEDY_MINUTES:-2}
+greedy_minutes=${GREEDY_MINUTES:-1}
 if [ "$greedy_minutes" != 0 ]; then  # (timeout reads 0 as no limit)
   for graphs in auto off; do
     timeout --signal=INT "${greedy_minutes}m" "$python" -m eagle_mdsd.cli check-greedy --device "$device" \
