@@ -27,7 +27,7 @@ class SharedLayer(DynamicLayer):
         self.owner, self.index = owner, index
 
     def lazy_initialization(self, key_states, value_states):
-        self.owner.allocate(key_states)
+        self.owner.allocate(key_states, value_states)
         self.dtype, self.device = key_states.dtype, key_states.device
         self.is_initialized = True
 
@@ -66,7 +66,10 @@ class KVCache(Cache):
         self.static, self.slots = static, None  # static: where the next forward writes (a device tensor)
         super().__init__(layers=[SharedLayer(self, i) for i in range(layers)])
 
-    def allocate(self, key_states: torch.Tensor) -> None:
+    def allocate(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        if key_states.shape[-1] != value_states.shape[-1]:
+            raise ValueError(f"keys of size {key_states.shape[-1]} and values of size {value_states.shape[-1]} a "
+                             f"head: this cache keeps both in one buffer and needs them the same size")
         if self.buffer is None:
             batch, heads, _, head_dim = key_states.shape
             self.buffer = key_states.new_zeros(len(self.layers), 2, batch, heads, self.capacity, head_dim)

@@ -47,14 +47,17 @@ class DraftModel:
     check on the host.
     """
 
-    def __init__(self, head, target, draft_vocab: int | None, fill: int, packed: bool, graphs=None):
+    def __init__(self, head, target, draft_vocab: int | None, fill: int, packed: bool, graphs=None,
+                 catch_up_graph_rows: int = 0):
         self.head, self.dtype, self.graphs = head, target.dtype, graphs
         self.embed, self.lm_head = target.get_input_embeddings(), target.get_output_embeddings()
-        self.ids = self.outside = None
+        self.ids = self.outside = self.rows = None
         self.draft_lm_head = self.lm_head
+        self.catch_up_graph_rows = catch_up_graph_rows
         if draft_vocab is not None:
             device = self.lm_head.weight.device
             chosen = set(head.draft_vocab[:draft_vocab])
+            self.rows = torch.tensor(sorted(chosen), device=device)  # the draft vocabulary itself, without the fill
             ids = sorted(chosen | set(range(min(fill, self.lm_head.weight.shape[0]))))
             self.ids = torch.tensor(ids, device=device)
             bias = getattr(self.lm_head, "bias", None)
@@ -68,14 +71,15 @@ class DraftModel:
     def new_cache(self, capacity: int, static: bool = False) -> KVCache:
         return KVCache(len(self.head.layers), capacity, static)
 
-    def run(self, cache, features, tokens, positions, block, prefix: int):
+    def run(self, cache, features, tokens, positions, block, prefix: int, graph: bool = True):
         """Predicted features [k, H] of k (feature, token) pairs, whose entries go into the cache after its
-        length; the pairs see the first `prefix` entries and then what `block` says (KVCache.mask)."""
+        length; the pairs see the first `prefix` entries and then what `block` says (KVCache.mask).  graph: a
+        static cache's call may be captured (graphs.py)."""
         mask = cache.mask(block, prefix)
         if not cache.static:
             return self._forward(cache, features, tokens, positions, mask)
         k, slots = len(tokens), cache.next_slots(len(tokens), tokens.device)
-        if self.graphs is None:
+        if self.graphs is None or not graph:
             outputs = self._forward(cache, features, tokens, positions, mask, slots)
         else:
             outputs = self.graphs.run(("head", k, id(cache)), lambda *inputs: self._forward(cache, *inputs),
@@ -110,7 +114,10 @@ class DraftModel:
         k, committed = len(tokens), call.head_cache.length
         causal = torch.full((k, k), torch.finfo(self.dtype).min, dtype=self.dtype, device=tokens.device).triu_(1)
         positions = torch.arange(call.length - k + 1, call.length + 1, device=tokens.device)
-        outputs = self.run(call.head_cache, features, tokens, positions, causal, committed)
+        # the first catch-up reads the whole prompt and copy cycles pile pairs up: only a cycle's usual
+        # counts are worth a graph each
+        outputs = self.run(call.head_cache, features, tokens, positions, causal, committed,
+                           graph=k <= self.catch_up_graph_rows)
         return outputs[-1]
 
 
@@ -187,7 +194,6 @@ class DynamicTreeDrafter:
 
     def __init__(self, spec: dynamic.DynamicTree, scheme, device, dtype):
         self.spec, self.scheme, self.device, self.dtype = spec, scheme, device, dtype
-        self.tree = spec
 
     def draft(self, model: DraftModel, call) -> Draft:
         root_prediction = model.catch_up(call)
@@ -222,7 +228,6 @@ class LookupDrafter:
 
     def __init__(self, base, tokens: int, device, dtype):
         self.base, self.tokens, self.device, self.dtype = base, tokens, device, dtype
-        self.tree = base.tree
         self.chains = {}  # copy cycles' layouts by length
 
     def draft(self, model: DraftModel, call) -> Draft:

@@ -15,7 +15,8 @@ last cycle are pending.  One cycle (`Decoder._cycle`):
    its parent's argmax and its ancestors are accepted; the deepest accepted node
    ends the path) and one transfer brings the path back; at T > 0 the walk goes
    from the root down, the verifier drawing the output token at each node (one
-   transfer a level); a child holding it continues the walk, else it is the bonus;
+   transfer a visited node, two where a lookup draft is tried first); a child
+   holding it continues the walk, else it is the bonus;
 4. commit: one gather per cache moves the accepted nodes' entries next to the
    root, and the bonus becomes the next root.
 
@@ -217,14 +218,17 @@ class Decoder:
         if head is not None:
             fill = max(base.top_k if isinstance(base, dynamic.DynamicTree) else max(map(len, base.children)), 1) \
                 if base is not None else 1
-            self.draft_model = drafters.DraftModel(head, target, draft_vocab, fill, self.packed, self.graphs)
+            self.draft_model = drafters.DraftModel(head, target, draft_vocab, fill, self.packed, self.graphs,
+                                                   (base.max_depth if base is not None else 0) + 1)
 
     # -- the target ---------------------------------------------------------------------------
 
     def target_forward(self, cache: KVCache, tokens, positions, mask=None):
         """The target's features (last hidden states after its final norm) [k, H], its k entries written at the
         cache's length.  mask None: plain causal attention, masked by the model itself as in its own `generate` -
-        the same attention kernels, so in bf16 the prefill and a plain step round as `generate`'s do, bit for bit."""
+        the same attention kernels, so in bf16 the prefill and a plain step round as `generate`'s do, bit for bit.
+        (A static cache always passes a mask over its whole capacity: other kernels, whose bf16 rounding may
+        differ from `generate`'s.)"""
         out = self.decoder_model(input_ids=tokens[None], position_ids=positions[None],
                                  attention_mask=None if mask is None else mask[None, None], use_cache=True,
                                  **{self.target_cache_keyword: cache})
@@ -253,13 +257,14 @@ class Decoder:
         return self.target_forward(cache, tokens, positions, mask)
 
     def _caches(self, capacity: int, method: str):
-        """A call's caches: new ones, or in static mode the kept ones of its capacity rounded up to 256 (the graphs
-        captured on them replay)."""
+        """A call's caches: new ones, or in static mode the smallest kept ones that hold it (the graphs captured on
+        them replay), else new ones of its capacity rounded up to 256."""
         heads = method == "eagle"
         if not self.static:
             return (KVCache(self.target.config.num_hidden_layers, capacity),
                     self.draft_model.new_cache(capacity) if heads else None)
-        capacity = -(-capacity // 256) * 256
+        kept = [size for size in self.static_caches if size >= capacity]
+        capacity = min(kept) if kept else -(-capacity // 256) * 256
         if capacity not in self.static_caches:
             self.static_caches[capacity] = (KVCache(self.target.config.num_hidden_layers, capacity, static=True),
                                             None if self.draft_model is None else
@@ -319,12 +324,12 @@ class Decoder:
         step = self._cycle if method == "eagle" else self._plain_step
         while call.root_id not in self.eos and result.new_tokens < max_new_tokens:
             emitted = step(call)
+            eos = next((i for i, token in enumerate(emitted) if token in self.eos), None)
+            emitted = emitted if eos is None else emitted[: eos + 1]  # a T = 0 path may run on past an EOS
             result.cycles += 1
             result.accept_lengths.append(len(emitted))
             result.token_ids.extend(emitted)
-            eos = next((i for i, token in enumerate(emitted) if token in self.eos), None)
             if eos is not None:
-                del result.token_ids[len(result.token_ids) - len(emitted) + eos + 1 :]
                 break
             call.context.extend(emitted)
         del result.token_ids[max_new_tokens:]
@@ -373,7 +378,8 @@ class Decoder:
     def _accept_greedy(self, call: Call, draft, logits) -> tuple[torch.Tensor, list[int]]:
         """T = 0: the whole tree resolved on the device and one transfer.  Every lossless verifier outputs the
         target's argmax, so a node is accepted when its token is its parent's argmax and every ancestor is
-        accepted; the deepest accepted node ends the path (ties: the lower index, the walk's first match)."""
+        accepted; the deepest accepted node ends the path (ties: the lower index; with repeated sibling tokens
+        the path may go through a later copy than a walk's first match, every one of them greedy)."""
         layout, tokens = draft.layout, draft.tokens
         argmax = first_argmax(logits)
         missed = tokens != argmax.index_select(0, layout.parent)
@@ -388,10 +394,13 @@ class Decoder:
         values = torch.cat([head, path, tokens.index_select(0, path), bonus]).tolist()
         count, depth = values[0], len(path) - 1
         nodes, path_tokens = values[1 : 2 + count], values[2 + depth : 3 + depth + count]
-        for parent, node in zip(nodes, nodes[1:]):
-            call.accepted_ranks.append(draft.tree.children[parent].index(node))
-        if draft.tree.children[nodes[-1]]:
-            call.accepted_ranks.append(-1)
+        if not draft.copy:  # the child ranks of the walk's visits, up to an accepted EOS (sequoia.py reads them)
+            eos = next((i for i, token in enumerate(path_tokens[1:]) if token in self.eos), None)
+            visited = nodes if eos is None else nodes[: eos + 2]
+            for parent, node in zip(visited, visited[1:]):
+                call.accepted_ranks.append(draft.tree.children[parent].index(node))
+            if eos is None and draft.tree.children[nodes[-1]]:
+                call.accepted_ranks.append(-1)
         call.root_id = values[-1]
         return path, path_tokens[1:] + [values[-1]]
 
@@ -407,14 +416,14 @@ class Decoder:
             rank = torch.where(hit.any(), hit.to(torch.int8).argmax(), -1)
             token, rank = torch.cat([output, rank[None]]).tolist()
             emitted.append(token)
-            if kids:
+            if kids and not draft.copy:
                 call.accepted_ranks.append(rank)
             if rank < 0 or token in self.eos:
                 break
             node = kids[rank]
-        path = layout.paths[node]
         if rank >= 0:  # an accepted token was EOS: the call ends here, nothing to commit
-            return path, emitted
+            return layout.paths[kids[rank]], emitted
+        path = layout.paths[node]
         call.target_cache.gather(call.length + 1, call.length + path[1:])
         call.root, call.root_id = outputs[-1], emitted[-1]
         return path, emitted

@@ -4,7 +4,8 @@ A call of k rows into a static-shape cache (cache.py: new entries written at slo
 attention over the whole capacity with a mask) has the same shapes every cycle, so it is captured once
 and replayed: one launch instead of the hundreds of ops of a forward issued from Python.  A graph
 reads its inputs from buffers of its own (the call's values are copied in before each replay) and
-writes into the same output tensors every time: a caller uses them before that graph's next replay.
+writes into the same output tensors every time; the graphs share one memory pool, so a caller uses
+(or copies) a graph's outputs before the next replay of any graph.
 
 Capture happens on a graph's first call and its seconds are counted apart (`seconds`), so that the
 decoder can keep them out of the timed region.  If the stock modules refuse capture, the error is
@@ -43,9 +44,10 @@ class Graphs:
             if self.refused is not None:
                 return function(*inputs)
             start = time.perf_counter()
+            buffers = self._warm_up(function, inputs)  # an error here is the call's own: it is raised
             try:
-                entry = self._capture(function, inputs)
-            except Exception as error:  # the stock modules did something capture does not allow
+                entry = self._capture(function, buffers)
+            except RuntimeError as error:  # the stock modules did something capture does not allow
                 self.refused = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
                 warnings.warn(f"CUDA graph capture failed ({self.refused}); running eagerly: pass --cuda-graphs off "
                               f"to skip the attempt", stacklevel=2)
@@ -60,14 +62,19 @@ class Graphs:
         graph.replay()
         return outputs
 
-    def _capture(self, function, inputs):
+    @staticmethod
+    def _warm_up(function, inputs):
+        """The graph's input buffers, after two eager calls on a side stream (lazy allocations, kernel choice)."""
         buffers = [value.clone() for value in inputs]
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up off the capture: lazy allocations, kernel selection
+        with torch.cuda.stream(side):
             for _ in range(2):
                 function(*buffers)
         torch.cuda.current_stream().wait_stream(side)
+        return buffers
+
+    def _capture(self, function, buffers):
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()

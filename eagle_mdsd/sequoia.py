@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from . import engine, models, tree as trees
+from .cache import KVCache
 
 NEG = float("-inf")
 
@@ -92,8 +93,11 @@ def time_cycle_parts(decoder: engine.Decoder, prompt: list[int], sizes=(1, 2, 4,
                      repeats: int = 5) -> dict:
     """Median seconds of a target forward over n tree tokens after `prompt`, and of one head draft step."""
     device = decoder.device
-    call, prompt = decoder.start(prompt, max(sizes), 1.0)  # caches for the prompt and the largest call
+    call, prompt = decoder.start(prompt, max(sizes), 1.0)
     length, dtype = len(prompt), decoder.target.dtype
+    capacity = length + max(sizes) + 2  # growing caches, whatever the decoder's (the calls below set no slots)
+    call.target_cache = KVCache(decoder.target.config.num_hidden_layers, capacity)
+    call.head_cache = decoder.draft_model.new_cache(capacity)
     timings = {"target_s": {}, "head_step_s": 0.0}
     with torch.inference_mode():
         features = decoder.target_forward(call.target_cache, prompt, torch.arange(length, device=device))

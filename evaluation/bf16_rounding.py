@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from eagle_mdsd import benchmarks, checks, engine, head, kernels, models, questions, tree
+from eagle_mdsd.cache import KVCache
 
 
 def per_row_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
@@ -94,7 +95,7 @@ def root_rows(target, prompt: list[int], topology, packed: bool) -> dict[int, tu
 
     length, ids = len(prompt), torch.tensor(prompt)
     drafts = torch.randint(0, target.config.vocab_size, (topology.size,), generator=torch.Generator().manual_seed(0))
-    cache = engine.preallocated_cache(target.config.num_hidden_layers, length + topology.size + 1)
+    cache = KVCache(target.config.num_hidden_layers, length + topology.size + 1)
     F.scaled_dot_product_attention = spy
     try:
         with torch.inference_mode(), kernels.packed(packed):  # masks as the engine passes them
@@ -102,7 +103,7 @@ def root_rows(target, prompt: list[int], topology, packed: bool) -> dict[int, tu
                              **{keyword: cache}).last_hidden_state
             root = target.get_output_embeddings()(hidden[0, -1]).argmax()[None]
             for rows in (1, topology.size + 1):
-                engine.keep(cache, length, ids[:0])  # back to the prompt's entries alone
+                cache.truncate(length)  # back to the prompt's entries alone
                 visible = torch.cat([torch.ones(rows, length, dtype=torch.bool), topology.ancestors[:rows, :rows]], 1)
                 outputs.clear()
                 calls.clear()

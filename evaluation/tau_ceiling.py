@@ -200,7 +200,7 @@ def run(args) -> Path:
     draft_head = head_module.load_head(args.head, target)
     decoder = engine.Decoder(target, draft_head, topology, eos_token_ids=models.eos_token_ids(target, tokenizer),
                              draft_vocab="auto")
-    rows = decoder.draft_rows if decoder.draft_rows is not None else torch.arange(target.config.vocab_size)
+    rows = decoder.draft_model.rows if decoder.draft_model.rows is not None else torch.arange(target.config.vocab_size)
     if measured:
         work = Path(args.work)
         work.mkdir(parents=True, exist_ok=True)

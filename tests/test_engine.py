@@ -234,7 +234,7 @@ def test_static_shapes_decode_as_the_growing_cache(tiny):
         growing = engine.Decoder(target, draft_head, tree.compile_tree(TREES[tree_name]), scheme, verifier)
         static = engine.Decoder(target, draft_head, tree.compile_tree(TREES[tree_name]), scheme, verifier,
                                 static_shapes=True)
-        for seed in range(4):
+        for seed in range(2):
             for temperature in (0.0, 1.0):
                 expected = growing.generate(PROMPT, 10, temperature, seed=seed).token_ids
                 assert static.generate(PROMPT, 10, temperature, seed=seed).token_ids == expected, (scheme, verifier)
@@ -264,3 +264,22 @@ def test_cuda_graphs_are_asked_for_by_name():
     assert graphs.resolve("auto", torch.device("cuda")) is True
     with pytest.raises(ValueError, match="unknown --cuda-graphs 'on': use one of auto, off"):
         graphs.resolve("on", torch.device("cpu"))
+
+
+def test_an_eos_inside_an_accepted_path_ends_the_count_there():
+    # At T = 0 the tree is resolved at once, so a path can run on past an accepted EOS: the tokens, the accept
+    # lengths and the walk's child ranks stop at the EOS all the same.
+    from eagle_mdsd import dynamic
+    from tiny import tiny_family
+
+    target = tiny_family("llama")
+    draft_head = head.random_head(target)
+    with torch.no_grad():
+        draft_head.fc.weight.mul_(20.0)
+    plain = engine.Decoder(target, draft_head, dynamic.load("eagle_default")).generate(PROMPT, 24, 0.0)
+    assert plain.accept_lengths[0] > 1  # the first cycle accepts a draft: an EOS there sits inside a path
+    eos = plain.token_ids[1]
+    stopped = engine.Decoder(target, draft_head, dynamic.load("eagle_default"), eos_token_ids=[eos])
+    result = stopped.generate(PROMPT, 24, 0.0)
+    assert result.token_ids == plain.token_ids[:2] and result.accept_lengths == [1]
+    assert result.accepted_ranks == plain.accepted_ranks[:1]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from eagle_mdsd import head, training
-from eagle_mdsd.cache import KVCache as preallocated_cache
+from eagle_mdsd.cache import KVCache
 from eagle_mdsd.engine import additive_mask
 
 import evaluation_scripts
@@ -26,8 +26,8 @@ def test_the_grown_head_starts_as_the_head_it_grew_from():
     features, embedded = torch.randn(1, 6, 32), torch.randn(1, 6, 32)
     mask = additive_mask(torch.ones(6, 6, dtype=torch.bool).tril(), torch.float32)
     with torch.no_grad():
-        assert torch.equal(one(features, embedded, torch.arange(6)[None], mask, preallocated_cache(1, 8)),
-                           two(features, embedded, torch.arange(6)[None], mask, preallocated_cache(2, 8)))
+        assert torch.equal(one(features, embedded, torch.arange(6)[None], mask, KVCache(1, 8)),
+                           two(features, embedded, torch.arange(6)[None], mask, KVCache(2, 8)))
 
 
 def test_the_new_layer_learns_and_lowers_the_loss():

@@ -102,11 +102,11 @@ def test_copy_cycles_leave_the_head_to_catch_up_on_every_pair_once(tiny, monkeyp
     catch_up_positions = []
     real_head = decoder.draft_model.run
 
-    def recording_head(cache, features, tokens, positions, *mask):
+    def recording_head(cache, features, tokens, positions, *mask, **options):
         # catch-up calls: consecutive positions (or one); the wide tree's drafting call: two equal ones
         if len(positions) == 1 or positions[0] != positions[-1]:
             catch_up_positions.append(positions.tolist())
-        return real_head(cache, features, tokens, positions, *mask)
+        return real_head(cache, features, tokens, positions, *mask, **options)
 
     monkeypatch.setattr(decoder.draft_model, "run", recording_head)
     result = decoder.generate(PROMPT, 40, 0.0)

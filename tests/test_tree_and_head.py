@@ -68,13 +68,13 @@ def head_logits(draft_head, target):
     torch.manual_seed(1)
     features = torch.randn(1, 5, target.config.hidden_size, dtype=target.dtype)
     tokens = torch.randint(target.config.vocab_size, (1, 5))
-    from eagle_mdsd.cache import KVCache as preallocated_cache
+    from eagle_mdsd.cache import KVCache
     from eagle_mdsd.engine import additive_mask
 
     mask = additive_mask(torch.ones(5, 5, dtype=torch.bool).tril(), target.dtype)
     with torch.no_grad():
         out = draft_head(features, target.get_input_embeddings()(tokens), torch.arange(5)[None], mask,
-                         preallocated_cache(len(draft_head.layers), 8))
+                         KVCache(len(draft_head.layers), 8))
     return target.get_output_embeddings()(out)
 
 
@@ -97,7 +97,7 @@ def test_head_round_trip_in_eagle1_format(tmp_path, safetensors):
 
 
 def test_a_two_layer_head_round_trips_and_keeps_a_cache_per_layer(tmp_path):
-    from eagle_mdsd.cache import KVCache as preallocated_cache
+    from eagle_mdsd.cache import KVCache
     from eagle_mdsd.engine import additive_mask
 
     target = tiny_target(vocab=11)
@@ -113,7 +113,7 @@ def test_a_two_layer_head_round_trips_and_keeps_a_cache_per_layer(tmp_path):
     visible = torch.ones(5, 5, dtype=torch.bool).tril()
     with torch.no_grad():
         whole = original(features, embedded, torch.arange(5)[None], additive_mask(visible, target.dtype), None)
-        cache = preallocated_cache(2, 8)
+        cache = KVCache(2, 8)
         first = original(features[:, :3], embedded[:, :3], torch.arange(3)[None],
                          additive_mask(visible[:3, :3], target.dtype), cache)
         then = original(features[:, 3:], embedded[:, 3:], torch.arange(3, 5)[None],
