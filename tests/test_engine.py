@@ -283,3 +283,51 @@ def test_an_eos_inside_an_accepted_path_ends_the_count_there():
     result = stopped.generate(PROMPT, 24, 0.0)
     assert result.token_ids == plain.token_ids[:2] and result.accept_lengths == [1]
     assert result.accepted_ranks == plain.accepted_ranks[:1]
+
+
+class ReplayedOnTheCpu:
+    """graphs.Graphs with a graph emulated on the CPU: captured once, then every replay recomputes the function
+    from the graph's own input buffers into the same output tensor, as a CUDA graph does."""
+
+    @staticmethod
+    def make():
+        from eagle_mdsd import graphs
+
+        class Emulated(graphs.Graphs):
+            @staticmethod
+            def _warm_up(function, inputs):
+                return [value.clone() for value in inputs]
+
+            def _capture(self, function, buffers):
+                outputs = function(*buffers)
+
+                class Graph:
+                    def replay(self):
+                        outputs.copy_(function(*buffers))
+
+                return buffers, Graph(), outputs
+
+        return Emulated()
+
+
+@pytest.mark.parametrize("spec", ["eagle_default", "eagle_default+lookup", "eagle2:total_tokens=8,depth=3,top_k=3"])
+def test_replayed_graphs_decode_as_eager_calls(spec):
+    # The decoder's use of graphs (inputs copied into a graph's buffers, outputs reused by every replay, one graph
+    # per row count and cache, caches kept across calls) emulated on the CPU: the same tokens at T = 0 and T = 1.
+    from eagle_mdsd import dynamic
+    from tiny import tiny_family
+
+    target = tiny_family("llama")
+    draft_head = head.random_head(target)
+    with torch.no_grad():
+        draft_head.fc.weight.mul_(20.0)
+    eager = engine.Decoder(target, draft_head, dynamic.load(spec), "topk", "topk")
+    replayed = engine.Decoder(target, draft_head, dynamic.load(spec), "topk", "topk", static_shapes=True)
+    replayed.graphs = replayed.draft_model.graphs = ReplayedOnTheCpu.make()
+    for seed, temperature in ((0, 0.0), (1, 1.0), (2, 1.0)):
+        expected = eager.generate(PROMPT, 20, temperature, seed=seed)
+        result = replayed.generate(PROMPT, 20, temperature, seed=seed)
+        assert result.token_ids == expected.token_ids and result.cycles == expected.cycles
+    assert any(key[0] == "target" for key in replayed.graphs.entries)
+    assert any(key[0] == "head" for key in replayed.graphs.entries)
+    assert replayed.graphs.seconds > 0 and replayed.graphs.refused is None
