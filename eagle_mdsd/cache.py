@@ -28,25 +28,28 @@ class SharedLayer(DynamicLayer):
 
     def lazy_initialization(self, key_states, value_states):
         self.owner.allocate(key_states, value_states)
+        self.key_buffer, self.value_buffer = self.owner.buffer[self.index].unbind(0)  # views, made once
         self.dtype, self.device = key_states.dtype, key_states.device
         self.is_initialized = True
 
     def update(self, key_states, value_states, *args, **kwargs):
+        # One index_copy_ a tensor at slots made once a forward (by the first layer), and a narrow() view: fewer
+        # launches a layer than writing through slices.
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        keys, values = self.owner.buffer[self.index]
-        if self.owner.static:
-            keys.index_copy_(2, self.owner.slots, key_states)
-            values.index_copy_(2, self.owner.slots, value_states)
-            self.keys, self.values = keys, values
-            return keys, values
-        start = self.owner.length
-        end = start + key_states.shape[-2]
-        if end > self.owner.capacity:
-            raise RuntimeError(f"KV cache capacity {self.owner.capacity} exceeded")
-        keys[:, :, start:end] = key_states
-        values[:, :, start:end] = value_states
-        self.keys, self.values = keys[:, :, :end], values[:, :, :end]
+        owner = self.owner
+        if not owner.static and self.index == 0:
+            end = owner.length + key_states.shape[-2]
+            if end > owner.capacity:
+                raise RuntimeError(f"KV cache capacity {owner.capacity} exceeded")
+            owner.slots = torch.arange(owner.length, end, device=key_states.device)
+        self.key_buffer.index_copy_(2, owner.slots, key_states)
+        self.value_buffer.index_copy_(2, owner.slots, value_states)
+        if owner.static:
+            self.keys, self.values = self.key_buffer, self.value_buffer
+            return self.keys, self.values
+        end = owner.length + key_states.shape[-2]
+        self.keys, self.values = self.key_buffer.narrow(2, 0, end), self.value_buffer.narrow(2, 0, end)
         if self.index == len(self.owner.layers) - 1:
             self.owner.length = end
         return self.keys, self.values
@@ -63,7 +66,7 @@ class KVCache(Cache):
 
     def __init__(self, layers: int, capacity: int, static: bool = False):
         self.capacity, self.length, self.buffer = capacity, 0, None
-        self.static, self.slots = static, None  # static: where the next forward writes (a device tensor)
+        self.static, self.slots = static, None  # where a forward writes: set by the decoder when static, else by layer 0
         super().__init__(layers=[SharedLayer(self, i) for i in range(layers)])
 
     def allocate(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:

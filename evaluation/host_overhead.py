@@ -89,10 +89,10 @@ class Runner:
         return 1000 * statistics.median(samples)
 
 
-def ours(target, draft_head, row, tokens: int) -> Runner:
+def ours(target, draft_head, row, tokens: int, kernels: str) -> Runner:
     _, method, tree_name, drafter, verifier, temperature = row
     decoder = engine.Decoder(target, draft_head if method == "eagle" else None,
-                             dynamic.load(tree_name) if tree_name else None, drafter, verifier, kernels_choice="stock")
+                             dynamic.load(tree_name) if tree_name else None, drafter, verifier, kernels_choice=kernels)
 
     def call(n):
         return decoder.generate(PROMPT, n, temperature, seed=1, method=method).cycles or 1
@@ -116,17 +116,21 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=48, help="new tokens a call (default 48)")
     parser.add_argument("--repeats", type=int, default=5, help="timed calls a row; the median counts (default 5)")
     parser.add_argument("--out", type=Path, help="folder for the page (default runs/host_overhead/DATE_HOST_TIME)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument("--kernels", choices=("stock", "auto"), default="stock",
+                        help="our decoders' linear layers and attention: 'stock' (default) or 'auto' (in bf16 on a "
+                             "CPU with oneDNN: packed weights, and attention on the shared key/value heads)")
     args = parser.parse_args()
     stamp = datetime.now()
     out = args.out or Path("runs/host_overhead") / f"{stamp:%Y-%m-%d}_{socket.gethostname()}_{stamp:%H%M%S}"
-    target = tiny_smollm_shape()
+    target = tiny_smollm_shape().to(getattr(torch, args.dtype))
     target.generation_config.eos_token_id = None
     draft_head = head.random_head(target)
     with torch.no_grad():
         draft_head.fc.weight.mul_(20.0)
     rows = []
     runners = [("transformers `generate` step", transformers_generate(target, args.tokens))]
-    runners += [(row[0], ours(target, draft_head, row, args.tokens)) for row in ROWS]
+    runners += [(row[0], ours(target, draft_head, row, args.tokens, args.kernels)) for row in ROWS]
     for label, runner in runners:
         runner.ms(1)  # warm-up
         rows.append((label, runner.counts(), runner.ms(args.repeats)))
@@ -142,7 +146,8 @@ def main() -> None:
         "Command: `" + " ".join([".venv/bin/python evaluation/host_overhead.py", *sys.argv[1:]]) + "`",
         "",
         "Target: a random Llama with SmolLM2-135M's 30 layers and 9/3 heads at hidden size 72 and 2,048 tokens, "
-        "float32, stock kernels; a random EAGLE-1 head. Its arithmetic is negligible, so the milliseconds are "
+        f"{args.dtype}, {args.kernels} kernels (transformers `generate`: stock); a random EAGLE-1 head. Its "
+        "arithmetic is negligible, so the milliseconds are "
         f"the host's. Each row: a call of {args.tokens} new tokens minus a call of 1 (the prefill), over its "
         "cycles (plain steps for the baselines); ms the median of "
         f"{args.repeats} calls.",
