@@ -8,10 +8,10 @@ import pytest
 import torch
 from scipy import stats
 
-from eagle_mdsd import engine, head, tree, verification
+from eagle_mdsd import dynamic, engine, head, tree, verification
 
 from instances import SkipsDuplicateUpdate
-from tiny import tiny_target
+from tiny import tiny_family, tiny_target
 
 PROMPT = [1, 2, 3, 0]
 RUNS = 2000
@@ -37,6 +37,16 @@ def tiny():
     target = tiny_target()
     draft_head = head.random_head(target)
     with torch.no_grad():  # a sharp q that disagrees with p: biases show up in few samples
+        draft_head.fc.weight.mul_(20.0)
+    return target, draft_head
+
+
+@pytest.fixture(scope="module")
+def sharp_llama():
+    """A 16-token Llama and a sharp random head, whose drafts get accepted on eagle_default."""
+    target = tiny_family("llama")
+    draft_head = head.random_head(target)
+    with torch.no_grad():
         draft_head.fc.weight.mul_(20.0)
     return target, draft_head
 
@@ -242,14 +252,8 @@ def test_static_shapes_decode_as_the_growing_cache(tiny):
 
 
 @pytest.mark.parametrize("spec", ["eagle_default", "eagle_default+lookup", "eagle2:total_tokens=8,depth=3,top_k=3"])
-def test_static_shapes_stay_greedy_on_every_kind_of_tree(spec):
-    from eagle_mdsd import dynamic
-    from tiny import tiny_family
-
-    target = tiny_family("llama")
-    draft_head = head.random_head(target)
-    with torch.no_grad():
-        draft_head.fc.weight.mul_(20.0)
+def test_static_shapes_stay_greedy_on_every_kind_of_tree(sharp_llama, spec):
+    target, draft_head = sharp_llama
     reference = engine.Decoder(target).generate(PROMPT, 24, method="baseline").token_ids
     static = engine.Decoder(target, draft_head, dynamic.load(spec), static_shapes=True)
     result = static.generate(PROMPT, 24, 0.0)
@@ -266,16 +270,10 @@ def test_cuda_graphs_are_asked_for_by_name():
         graphs.resolve("on", torch.device("cpu"))
 
 
-def test_an_eos_inside_an_accepted_path_ends_the_count_there():
+def test_an_eos_inside_an_accepted_path_ends_the_count_there(sharp_llama):
     # At T = 0 the tree is resolved at once, so a path can run on past an accepted EOS: the tokens, the accept
     # lengths and the walk's child ranks stop at the EOS all the same.
-    from eagle_mdsd import dynamic
-    from tiny import tiny_family
-
-    target = tiny_family("llama")
-    draft_head = head.random_head(target)
-    with torch.no_grad():
-        draft_head.fc.weight.mul_(20.0)
+    target, draft_head = sharp_llama
     plain = engine.Decoder(target, draft_head, dynamic.load("eagle_default")).generate(PROMPT, 24, 0.0)
     assert plain.accept_lengths[0] > 1  # the first cycle accepts a draft: an EOS there sits inside a path
     eos = plain.token_ids[1]
@@ -311,16 +309,10 @@ class ReplayedOnTheCpu:
 
 
 @pytest.mark.parametrize("spec", ["eagle_default", "eagle_default+lookup", "eagle2:total_tokens=8,depth=3,top_k=3"])
-def test_replayed_graphs_decode_as_eager_calls(spec):
+def test_replayed_graphs_decode_as_eager_calls(sharp_llama, spec):
     # The decoder's use of graphs (inputs copied into a graph's buffers, outputs reused by every replay, one graph
     # per row count and cache, caches kept across calls) emulated on the CPU: the same tokens at T = 0 and T = 1.
-    from eagle_mdsd import dynamic
-    from tiny import tiny_family
-
-    target = tiny_family("llama")
-    draft_head = head.random_head(target)
-    with torch.no_grad():
-        draft_head.fc.weight.mul_(20.0)
+    target, draft_head = sharp_llama
     eager = engine.Decoder(target, draft_head, dynamic.load(spec), "topk", "topk")
     replayed = engine.Decoder(target, draft_head, dynamic.load(spec), "topk", "topk", static_shapes=True)
     replayed.graphs = replayed.draft_model.graphs = ReplayedOnTheCpu.make()
