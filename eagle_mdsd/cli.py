@@ -221,9 +221,9 @@ def _does_nothing(flags: list[str], where: str, remedy: str = "") -> ValueError:
 
 # The train-head options each stage reads, besides --run and --base-model; `all` runs data, train and export.
 STAGE_OPTIONS = {
-    "prompts": {"count", "openers", "seed", "dtype", "device", "max_minutes"},
+    "prompts": {"count", "openers", "batch_size", "seed", "dtype", "device", "max_minutes"},
     "data": {"prompts", "max_prompts", "max_new_tokens", "batch_size", "shard_size", "mix_reference",
-             "data_temperature", "sort_by_length", "seed", "dtype", "device", "max_minutes"},
+             "data_temperature", "sort_by_length", "no_features", "seed", "dtype", "device", "max_minutes"},
     "train": {"data_from", "unroll", "token_weight", "token_loss", "train_draft_vocab", "init_from", "epochs", "lr",
               "tokens_per_batch", "seed", "device", "max_minutes"},
     "export": {"export_to", "eagle1_format"},
@@ -258,16 +258,18 @@ def cmd_train_head(args) -> None:
     out = Path(args.run)
     # both recipes are checked before any stage runs, so `all` does not fail on a training option after the data
     data_recipe = training.DataRecipe(max_prompts=args.max_prompts, max_new_tokens=args.max_new_tokens,
-                                      batch_size=args.batch_size, shard_size=args.shard_size,
+                                      batch_size=args.batch_size or 128, shard_size=args.shard_size,
                                       mix_reference=args.mix_reference, seed=args.seed,
-                                      temperature=args.data_temperature, sort_by_length=args.sort_by_length)
+                                      temperature=args.data_temperature, sort_by_length=args.sort_by_length,
+                                      features=not args.no_features)
     train_recipe = training.TrainRecipe(epochs=args.epochs, lr=args.lr, tokens_per_batch=args.tokens_per_batch,
                                         seed=args.seed, data_from=args.data_from, unroll=args.unroll,
                                         init_from=args.init_from, token_weight=args.token_weight,
                                         draft_vocab=args.train_draft_vocab, token_loss=args.token_loss)
     if args.stage == "prompts":
-        path = training.self_prompts(out, args.count, args.base_model, args.dtype, seed=args.seed,
-                                     max_minutes=args.max_minutes, openers=_openers(args.openers), device=args.device)
+        path = training.self_prompts(out, args.count, args.base_model, args.dtype, batch_size=args.batch_size or 64,
+                                     seed=args.seed, max_minutes=args.max_minutes, openers=_openers(args.openers),
+                                     device=args.device)
         print(f"{len(training.load_prompts([path]))} self-written prompts in {path}")
     if args.stage in ("data", "all"):
         prompts = args.prompts or [training.DEFAULT_PROMPTS]
@@ -549,13 +551,17 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--init-from", default=None,
                        help="train stage: start from this run's checkpoint or exported head, not a random head")
     train.add_argument("--max-new-tokens", type=_count(1), default=128, help="response length in the data stage")
-    train.add_argument("--batch-size", type=_count(1), default=128,
-                       help="generation batch in the data stage (on 2 CPU cores 128 answers 1.2x as fast as 32)")
+    train.add_argument("--batch-size", type=_count(1), default=None,
+                       help="generation batch: data stage answers (default 128), prompts stage messages (default 64; "
+                            "batch b of a seed is the same prompts only at the same batch size)")
     train.add_argument("--shard-size", type=_count(1), default=256)
     train.add_argument("--sort-by-length", action="store_true",
                        help="data stage: batch each shard's prompts shortest first, so batches pad less (1.2x the "
                             "answers a second on 2 CPU cores; in bf16 some answers change with their batch)")
     train.add_argument("--mix-reference", action="store_true", help="also train on the datasets' responses")
+    train.add_argument("--no-features", action="store_true",
+                       help="data stage: keep the token ids alone; the train stage computes the target's features "
+                            "on its device each epoch (for large data on a GPU)")
     train.add_argument("--temperature", dest="data_temperature", type=float, default=0.0,
                        help="data stage: sample the answers at this temperature (default 0: greedy)")
     train.add_argument("--dtype", default="bfloat16", help="target dtype for the data stage")

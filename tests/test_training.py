@@ -376,6 +376,26 @@ def test_the_data_stage_answers_a_conversation_after_its_last_user_turn(tmp_path
     assert text.index("Name a colour.") < text.index("Blue.") < text.index("Again, please.")
 
 
+def test_data_kept_as_token_ids_alone_trains_as_data_with_its_features(tmp_path):
+    tokenizer = _embedded_tokenizer()
+    model = _tiny_run(tmp_path / "tiny", tokenizer)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"Name {n} colours."}) + "\n" for n in range(5)))
+    recipe = dict(max_new_tokens=8, batch_size=2, shard_size=4)
+    stored = _make_data(tmp_path / "stored", [prompts], model, **recipe)
+    bare = _make_data(tmp_path / "bare", [prompts], model, features=False, **recipe)
+    samples = [[s for shard in shards for s in torch.load(shard)] for shards in (stored, bare)]
+    assert [s["ids"].tolist() for s in samples[0]] == [s["ids"].tolist() for s in samples[1]]
+    assert all("features" not in s for s in samples[1]) and all("features" in s for s in samples[0])
+    with pytest.raises(ValueError, match="made with --no-features: pass --no-features"):
+        _make_data(tmp_path / "bare", [prompts], model, **recipe)
+    settings = dict(epochs=2, lr=1e-2, tokens_per_batch=40, bf16=False)
+    logs = [_train(tmp_path / run, model, **settings)["log"] for run in ("stored", "bare")]
+    assert len(logs[0]) == len(logs[1]) >= 4
+    for with_features, computed in zip(*logs):  # the same features up to bf16 rounding of a padded batch
+        assert computed["loss"] == pytest.approx(with_features["loss"], rel=1e-3)
+
+
 def test_an_interrupted_training_run_resumes_to_the_same_head(tmp_path, monkeypatch):
     tokenizer = _embedded_tokenizer()
     settings = dict(epochs=3, lr=1e-2, tokens_per_batch=48, save_every=1, bf16=False)
