@@ -302,7 +302,7 @@ def cmd_bench(args) -> None:
     if state.num_processes > 1 and device == "cuda":
         device = str(state.device)  # one GPU per process
     model_id = args.model_id or f"{models.model_name(args.base_model)}-{args.method}"
-    answer_file = Path(args.answer_file or f"evaluation/answers/{args.bench}/{model_id}.jsonl")
+    answer_file = Path(args.answer_file or f"runs/bench/{args.bench}/{model_id}.jsonl")
     if answer_file.is_dir():  # before the model loads
         raise ValueError(f"--answer-file {answer_file} is a folder: give a .jsonl file in it (made if missing)")
     runner, tokenizer = _runner(args, device)
@@ -360,6 +360,38 @@ def _check_benchmark_options(args, temperatures) -> None:
         raise _does_nothing(unread, why)
 
 
+def _run_name(args, kind: str) -> str:
+    """The run a `benchmark` or `sweep` writes: a fresh one, named by --name or DATE_HOST_TIME, whose folder must
+    not exist yet (so a clone's committed or earlier answers are never re-reported as a new measurement), or, with
+    --resume NAME|PATH, an existing one it continues.  A PATH (a run's answer folder) sends the answers and the
+    page to its parent folder."""
+    import datetime
+    import socket
+
+    answers = Path(args.answers)
+    if args.resume:
+        if args.name:
+            raise ValueError(f"--name and --resume both name the {kind} run: give --resume NAME|PATH to continue "
+                             f"one, or --name NAME for a fresh one")
+        folder = Path(args.resume)
+        if len(folder.parts) > 1 or not (answers / folder).is_dir():  # a path, or a name not under --answers
+            if not folder.is_dir():
+                raise ValueError(f"--resume {args.resume}: no run folder there nor under {answers}: give the name "
+                                 f"of a run under {answers} or the path of its folder")
+            args.answers = str(folder.parent)
+            if args.out == args.answers_default:
+                args.out = str(folder.parent)
+            return folder.name
+        return folder.name
+    stamp = datetime.datetime.now()
+    name = args.name or f"{stamp:%Y-%m-%d}_{socket.gethostname()}_{stamp:%H%M%S}"
+    if len(Path(name).parts) != 1 or name in (".", ".."):
+        raise ValueError(f"--name {name!r} is a path: give a plain name (--resume takes a run folder's path)")
+    if (answers / name).exists():
+        raise ValueError(f"{answers / name} exists: pass --resume {name} to continue that run, or another --name")
+    return name
+
+
 def cmd_benchmark(args) -> None:
     from . import suite
 
@@ -370,7 +402,8 @@ def cmd_benchmark(args) -> None:
         methods=tuple(args.methods.split(",")),
         trees=tuple(args.trees), drafter=args.drafter, verifier=args.verifier, sampling_pair=args.sampling_pair,
         sampling_tree=args.sampling_tree, draft_vocab=args.draft_vocab, kernels_choice=args.kernels,
-        cuda_graphs=args.cuda_graphs, dtype=args.dtype, device=args.device, max_new_tokens=args.max_new_tokens, seed=args.seed, name=args.name)
+        cuda_graphs=args.cuda_graphs, dtype=args.dtype, device=args.device, max_new_tokens=args.max_new_tokens,
+        seed=args.seed, name=_run_name(args, "benchmark"))
     result = suite.run_benchmark(Path(args.out), Path(args.answers), plan)
     stem = Path(args.out) / result["name"]
     print(stem.with_suffix(".md").read_text())
@@ -420,8 +453,7 @@ def cmd_sweep(args) -> None:
         trees=tuple(args.trees), temperatures=tuple(_floats(args.temperatures, "temperatures")), pairs=pairs,
         bench_name=args.bench, count=args.questions, turns=args.turns or None, max_new_tokens=args.max_new_tokens,
         draft_vocab=args.draft_vocab, kernels_choice=args.kernels, cuda_graphs=args.cuda_graphs, dtype=args.dtype,
-        device=args.device,
-        seed=args.seed, name=args.name)
+        device=args.device, seed=args.seed, name=_run_name(args, "sweep"))
     md = suite.sweep(Path(args.out), Path(args.answers), plan)
     print(md.read_text())
 
@@ -482,6 +514,20 @@ def _topology(args, spec: str | None = None):
                         nodes=args.nodes, threshold=args.threshold, max_depth=args.max_depth)
 
 
+def _add_run_options(parser, kind: str) -> None:
+    """--name, --resume, --out and --answers of a resumable run (benchmark, sweep): a fresh run folder by default."""
+    parser.add_argument("--name", default=None,
+                        help=f"a fresh run's name (default DATE_HOST_TIME): answers in runs/{kind}/NAME/, the report "
+                             f"beside them as NAME.md")
+    parser.add_argument("--resume", default=None, metavar="NAME|PATH",
+                        help="continue an earlier run (its name under --answers, or its folder's path); it resumes "
+                             "only answers made with the same settings on the same machine")
+    parser.add_argument("--out", default=f"runs/{kind}", help=f"folder of the report (default runs/{kind}; a "
+                                                               f"published run: evaluation/results)")
+    parser.add_argument("--answers", default=f"runs/{kind}", help=f"folder of the run folders (default runs/{kind})")
+    parser.set_defaults(answers_default=f"runs/{kind}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eagle-mdsd", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -522,7 +568,7 @@ def build_parser() -> argparse.ArgumentParser:
     greedy.add_argument("--cuda-graphs", default="auto", choices=graphs.CHOICES,
                         help="'auto' (default): the engine replays CUDA graphs on CUDA; 'off' (the results file "
                              "says so): eagerly")
-    greedy.add_argument("--out", default="evaluation/results")
+    greedy.add_argument("--out", default="runs/check-greedy")
     greedy.set_defaults(fn=cmd_check_greedy)
     train = sub.add_parser("train-head", help="train an EAGLE-1 head: data, train and export stages (resumable)")
     train.add_argument("stage", choices=["prompts", "data", "train", "export", "all", "evaluate"])
@@ -602,7 +648,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help="tokens/s, speedup, tau per category from answer files: markdown + PNG")
     rep.add_argument("answer_files", nargs="+")
     rep.add_argument("--baseline", default=None, help="answer file of the baseline the speedups are against")
-    rep.add_argument("--out", default="evaluation/results/report", help="writes OUT.md and OUT.png")
+    rep.add_argument("--out", default="runs/report/report", help="writes OUT.md and OUT.png")
     rep.add_argument("--title", default="")
     rep.add_argument("--labels", default=None, help="comma-separated row names, one per answer file "
                                                      "(default: each file's model_id)")
@@ -641,9 +687,7 @@ def build_parser() -> argparse.ArgumentParser:
     suite_parser.add_argument("--seed", type=int, default=0)
     suite_parser.add_argument("--draft-vocab", type=_draft_vocab, default="auto", help=DRAFT_VOCAB_HELP)
     _add_kernels_option(suite_parser)
-    suite_parser.add_argument("--name", default=None, help="run name (default benchmark_<date>_<dtype>); reruns resume")
-    suite_parser.add_argument("--out", default="evaluation/results")
-    suite_parser.add_argument("--answers", default="evaluation/answers/benchmark")
+    _add_run_options(suite_parser, "benchmark")
     suite_parser.set_defaults(fn=cmd_benchmark)
     sw = sub.add_parser("sweep", help="tau and tokens/s of every tree x drafter/verifier x temperature cell")
     sw.add_argument("--trees", nargs="+", default=["chain4", "binary_depth4", "quad_depth3", "eagle_default"])
@@ -658,9 +702,7 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--seed", type=int, default=0)
     sw.add_argument("--draft-vocab", type=_draft_vocab, default="auto", help=DRAFT_VOCAB_HELP)
     _add_kernels_option(sw)
-    sw.add_argument("--name", default=None, help="results name (default sweep_<date>_<dtype>)")
-    sw.add_argument("--out", default="evaluation/results")
-    sw.add_argument("--answers", default="evaluation/answers/sweeps")
+    _add_run_options(sw, "sweep")
     sw.set_defaults(fn=cmd_sweep)
     seq = sub.add_parser("sequoia", help="measure the acceptance by child rank, write the best static tree")
     seq.add_argument("--name", default="sequoia", help="writes tree_configs/NAME.json")
@@ -688,10 +730,10 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--sweep-positions", type=_count(1), default=48, help="positions per task in the sweeps")
     st.add_argument("--table-positions", type=_count(1), default=None,
                     help="positions per task in the table (default: all collected)")
-    st.add_argument("--out", default="evaluation/results")
+    st.add_argument("--out", default="runs/study")
     st.set_defaults(fn=cmd_study)
     bench = sub.add_parser("bench-core", help="time one node's drafting/verification and alpha* on this machine")
-    bench.add_argument("--out", default="evaluation/results", help="results folder")
+    bench.add_argument("--out", default="runs/bench-core", help="results folder")
     bench.add_argument("--max-drafts", type=_count(2), default=8, help="largest n timed, from 2 (default 8)")
     bench.set_defaults(fn=cmd_bench_core)
     return parser

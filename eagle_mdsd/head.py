@@ -114,11 +114,16 @@ def resolve(spec: str) -> Path:
     if "/" in spec and not spec.startswith((".", "/")):
         from huggingface_hub import snapshot_download
 
+        from .models import hub_offline
+
+        offline = hub_offline()  # then only a copy in the hub's cache, at once
         try:
-            return Path(snapshot_download(spec, allow_patterns=["config.json", "*.bin", "*.safetensors"]))
+            return Path(snapshot_download(spec, allow_patterns=["config.json", "*.bin", "*.safetensors"],
+                                          local_files_only=offline))
         except Exception as error:  # no network, no such repository, ...: the hub's own message runs to lines
+            why = "the hub is out of reach and its cache has no copy" if offline else type(error).__name__
             raise FileNotFoundError(f"draft head {spec} is no folder here and the hub did not give it "
-                                    f"({type(error).__name__}): give a folder with config.json and weights, or a "
+                                    f"({why}): give a folder with config.json and weights, or a "
                                     f"hub id with network") from None
     raise FileNotFoundError(f"draft head {spec} does not exist: give a folder with config.json and weights")
 

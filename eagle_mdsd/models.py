@@ -82,6 +82,27 @@ def _embedded_folder() -> Path:
     return folder
 
 
+def hub_offline(timeout: float = 2.0) -> bool:
+    """Whether the hub is out of reach: HF_HUB_OFFLINE set, or no TCP connection to its endpoint within `timeout`
+    seconds (so a hub id without network fails in one line at once, not after the hub client's retries)."""
+    import socket
+    from urllib.parse import urlparse
+
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        return True
+    endpoint = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    try:
+        socket.create_connection((endpoint.hostname, endpoint.port or 443), timeout=timeout).close()
+        return False
+    except OSError:
+        return True
+
+
+def is_hub_id(spec: str) -> bool:
+    """'owner/name' that is no path here."""
+    return "/" in spec and not spec.startswith((".", "/", "~")) and not Path(spec).exists()
+
+
 def load_target(spec: str | None = None, dtype: torch.dtype = torch.float32, device: str = "cpu"):
     """(model, tokenizer) for a hub id, a local folder, a .gguf file, or None / 'embedded'.
 
@@ -102,6 +123,8 @@ def load_target(spec: str | None = None, dtype: torch.dtype = torch.float32, dev
         source, kwargs = path.parent, {"gguf_file": path.name}
     else:
         source = spec
+        if is_hub_id(str(spec)) and hub_offline():
+            kwargs["local_files_only"] = True  # a copy in the hub's cache still loads
     try:
         if device == "auto":  # spread a large target over the visible GPUs (and CPU) with accelerate
             model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, device_map="auto", **kwargs).eval()
@@ -109,6 +132,9 @@ def load_target(spec: str | None = None, dtype: torch.dtype = torch.float32, dev
             model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs).to(device).eval()
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
     except OSError as error:
+        if kwargs.get("local_files_only"):
+            raise OSError(f"cannot load base model {spec}: the hub is out of reach (no network, or HF_HUB_OFFLINE) "
+                          f"and its cache has no copy: give a local folder or a .gguf file, or run with network")
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise OSError(f"cannot load base model {spec}: {first_line} (give a local folder, a .gguf file, "
                       f"or a hub id on a machine with network)") from None

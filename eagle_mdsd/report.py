@@ -10,6 +10,7 @@ method with the baseline on the questions both files answered.
 
 from __future__ import annotations
 
+import math
 import statistics
 from pathlib import Path
 
@@ -146,7 +147,8 @@ def markdown(entries: list[dict]) -> str:
             for category in categories:
                 c = entry["categories"].get(category)
                 value = None if c is None else (c["speedup"] if with_speedup else c["tokens_per_s"])
-                cells.append("-" if c is None else f"{value:.2f} ({c['tau']:.2f})")
+                shown = "-" if value is None or math.isnan(value) else f"{value:.2f}"  # nan: the baseline lacks them
+                cells.append("-" if c is None else f"{shown} ({c['tau']:.2f})")
             lines.append(f"| {entry['label']} | " + " | ".join(cells) + " |")
     drafted = [e for e in entries if "acceptance_by_depth" in e["categories"]["all"]]
     if drafted:

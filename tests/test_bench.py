@@ -335,6 +335,46 @@ def test_benchmark_options_that_would_do_nothing_are_refused(monkeypatch, capsys
         assert message in capsys.readouterr().err
 
 
+def test_the_main_command_measures_afresh_in_a_clone_whose_committed_answers_carry_todays_date(
+        monkeypatch, tmp_path, capsys):
+    """A fresh clone once re-reported another machine's committed answers of the same day as its own; now every
+    benchmark run writes a new run folder, and continuing one is asked for with --resume."""
+    import datetime
+
+    from eagle_mdsd import cli
+
+    monkeypatch.chdir(tmp_path)
+    today = datetime.date.today().isoformat()
+    for committed in (f"evaluation/answers/benchmark/benchmark_{today}_bfloat16", f"runs/benchmark/benchmark_{today}"):
+        (tmp_path / committed).mkdir(parents=True)
+        (tmp_path / committed / "settings.json").write_text("{}")  # timed on another machine
+    calls = []
+
+    def measured(out, answers, plan):
+        calls.append((out, answers, plan.name))
+        (out / f"{plan.name}.md").parent.mkdir(parents=True, exist_ok=True)
+        (out / f"{plan.name}.md").write_text("page")
+        return {"name": plan.name}
+
+    monkeypatch.setattr(suite, "run_benchmark", measured)
+    assert cli.main(["benchmark"]) == 0
+    out, answers, name = calls[-1]
+    assert out == answers == Path("runs/benchmark") and name.startswith(today) and not (answers / name).exists()
+    assert cli.main(["benchmark", "--name", "mine"]) == 0 and calls[-1][2] == "mine"
+    (tmp_path / "runs/benchmark/mine").mkdir()  # its answers, as a run that was cut short leaves them
+    assert cli.main(["benchmark", "--name", "mine"]) == 2
+    assert "runs/benchmark/mine exists: pass --resume mine to continue that run" in capsys.readouterr().err
+    assert cli.main(["benchmark", "--resume", "mine"]) == 0 and calls[-1] == (Path("runs/benchmark"),) * 2 + ("mine",)
+    published = f"evaluation/answers/benchmark/benchmark_{today}_bfloat16"  # a path: the page goes beside it
+    assert cli.main(["benchmark", "--resume", published]) == 0
+    assert calls[-1] == (Path("evaluation/answers/benchmark"),) * 2 + (f"benchmark_{today}_bfloat16",)
+    assert cli.main(["benchmark", "--resume", "nothing"]) == 2
+    assert "--resume nothing: no run folder there nor under runs/benchmark" in capsys.readouterr().err
+    assert cli.main(["benchmark", "--resume", "mine", "--name", "other"]) == 2
+    assert "--name and --resume both name the benchmark run" in capsys.readouterr().err
+    assert len(calls) == 4
+
+
 def test_goals_compare_eagle_with_the_peers():
     def entry(label, speed):
         return {"label": label, "categories": {"all": {"tokens_per_s": speed}}}
