@@ -2,7 +2,11 @@
 
 One JSON line per finished question, appended as soon as the question is done:
 {question_id, answer_id, model_id, category, choices: [{index, turns, idxs,
-new_tokens, wall_time, accept_lengths}], tstamp}.  A rerun skips the question
+new_tokens, wall_time, accept_lengths}], tstamp}, with `accept_lengths` one
+flat list per choice (every cycle of every turn, in order; `idxs` says how
+many belong to each turn), as Spec-Bench and EAGLE write it; files of ours
+from before 2026-11-27 hold one list per turn, and both read (`turn_lengths`).
+A rerun skips the question
 ids already in the file; an interrupt never leaves a partial line.  Turns
 after the first see the earlier turns and answers through the conversation
 template: fastchat's where fastchat knows the model (vicuna, ...), the
@@ -86,13 +90,30 @@ def answer(decoder, tokenizer, question: dict, settings: Settings, template=None
         profiles.append(result.profile)
         captures.append(getattr(result, "graph_capture_s", 0.0))
     choice = {"index": 0, "turns": turns, "idxs": idxs, "new_tokens": new_tokens, "wall_time": wall_time,
-              "accept_lengths": accept_lengths}
+              "accept_lengths": [n for lengths in accept_lengths for n in lengths]}
     # CUDA graphs captured during a turn: seconds kept out of its wall_time, said here
     return choice | ({"profile": profiles} if settings.profile else {}) | (
         {"graph_capture_time": captures} if any(captures) else {})
 
 
 ANSWER_LISTS = ("turns", "new_tokens", "idxs", "wall_time")  # one entry per turn in choices[0]
+
+
+def turn_lengths(choice: dict) -> list[list[int]]:
+    """A choice's accepted lengths per turn: one flat list split by `idxs` (cycles per turn), or the per-turn
+    lists of our older files (a turn without cycles: []); [] when the file has none (our peers' files before
+    2026-11-27: one empty list a turn), one list when a flat list does not split by idxs."""
+    lengths = choice.get("accept_lengths") or []
+    if not lengths or isinstance(lengths[0], list):
+        return [list(turn) for turn in lengths] if any(lengths) else []
+    idxs = choice.get("idxs") or []
+    if sum(idxs) != len(lengths):
+        return [list(lengths)]
+    turns, start = [], 0
+    for count in idxs:
+        turns.append(list(lengths[start : start + count]))
+        start += count
+    return turns
 
 
 def _answer_fault(row) -> str | None:

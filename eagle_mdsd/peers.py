@@ -5,7 +5,9 @@ temperature, seed, method)` -> GenerationResult), so benchmark files and reports
 alike.  Sampling is plain temperature sampling over the whole vocabulary (top-k and top-p switched
 off, whatever the model's generation config says), the distribution the engine reproduces.
 A forward hook counts the target's forward passes: cycles = passes after the prefill, so tau is
-defined as for the engine (1 for generate; tokens per verification pass for prompt lookup).
+defined as for the engine (1 for generate; tokens per verification pass for prompt lookup); where
+each pass starts (its cache position) gives the tokens each one committed, the answer files'
+`accept_lengths`.
 """
 
 from __future__ import annotations
@@ -55,7 +57,16 @@ class TransformersPeer:
             return time.perf_counter()
 
         passes = []  # one entry per target forward: the first's end time (the prefill's), then None
+        starts = []  # where each forward's input starts (committed tokens before it), kept on the device
+
+        def before(module, args, kwargs):
+            position = kwargs.get("position_ids")  # (batch 1, no padding: the positions are the cache's)
+            position = position[0] if position is not None else kwargs.get("cache_position")
+            if position is not None:
+                starts.append(position[:1].clone())  # no host sync inside the timed region
+
         hook = self.target.register_forward_hook(lambda *_: passes.append(None if passes else now()))
+        pre_hook = self.target.register_forward_pre_hook(before, with_kwargs=True)
         try:
             torch.manual_seed(seed)  # generate samples from the global generator
             start = now()
@@ -65,9 +76,14 @@ class TransformersPeer:
             wall = now() - start
         finally:
             hook.remove()
+            pre_hook.remove()
         tokens = output[0, prompt.shape[1]:].tolist()
         if self.eos:  # generate pads nothing for batch 1, but cut after the first EOS to be sure
             cut = next((i for i, token in enumerate(tokens) if token in self.eos), None)
             tokens = tokens if cut is None else tokens[: cut + 1]
-        return GenerationResult(prompt.reshape(-1).tolist(), tokens, max(len(passes) - 1, 0),
-                                prefill_time_s=passes[0] - start if passes else 0.0, wall_time_s=wall)
+        result = GenerationResult(prompt.reshape(-1).tolist(), tokens, max(len(passes) - 1, 0),
+                                  prefill_time_s=passes[0] - start if passes else 0.0, wall_time_s=wall)
+        if len(starts) == len(passes) > 1:  # tokens each cycle committed, as the engine counts them
+            edges = [int(p) for p in torch.cat(starts).tolist()[1:]] + [prompt.shape[1] + len(tokens) - 1]
+            result.accept_lengths = [b - a for a, b in zip(edges, edges[1:])]
+        return result

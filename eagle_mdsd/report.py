@@ -3,9 +3,11 @@
 Every number is recomputed from the files: tokens are the generated ids
 (`new_tokens`), time is the wall time of each turn (prefill included), tau is
 tokens / target cycles (`idxs`), acceptance by depth comes from the tokens
-of each cycle (`accept_lengths`, accepted drafts + 1).  Tokens/s of a group =
-its tokens / its seconds (Spec-Bench's convention), and a speedup compares a
-method with the baseline on the questions both files answered.
+of each cycle (`accept_lengths`, accepted drafts + 1).  Two tokens/s of a
+group: its total tokens over its total seconds, and the mean over its questions
+of each question's tokens over seconds (how Spec-Bench's and EAGLE's speed.py
+compute speed; their speedup is the ratio of those means).  A speedup compares
+a method with the baseline on the questions both files answered.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ def tau_by_position(rows: list[dict], window: int) -> list[tuple[int, int]]:
     `accept_lengths`, so a last cycle cut at max_new_tokens counts in full."""
     windows: list[list[int]] = []
     for row in rows:
-        for lengths in row["choices"][0].get("accept_lengths", []):
+        for lengths in bench.turn_lengths(row["choices"][0]):
             position = 1
             for length in lengths:
                 k = position // window
@@ -51,10 +53,13 @@ def _totals(rows: list[dict]) -> dict:
     tokens = sum(sum(r["choices"][0]["new_tokens"]) for r in rows)
     cycles = sum(sum(r["choices"][0]["idxs"]) for r in rows)
     seconds = sum(sum(r["choices"][0]["wall_time"]) for r in rows)
+    rates = [sum(r["choices"][0]["new_tokens"]) / sum(r["choices"][0]["wall_time"]) for r in rows
+             if sum(r["choices"][0]["wall_time"]) > 0]
     totals = {"questions": len(rows), "new_tokens": tokens, "cycles": cycles, "wall_time_s": seconds,
               "tau": tokens / cycles if cycles else float("nan"),
-              "tokens_per_s": tokens / seconds if seconds else float("nan")}
-    lengths = [n for r in rows for turn in r["choices"][0].get("accept_lengths", []) for n in turn]
+              "tokens_per_s": tokens / seconds if seconds else float("nan"),
+              "mean_question_tokens_per_s": statistics.fmean(rates) if rates else float("nan")}
+    lengths = [n for r in rows for turn in bench.turn_lengths(r["choices"][0]) for n in turn]
     if lengths and max(lengths) > 1:
         totals["acceptance_by_depth"] = acceptance_by_depth(lengths)
     profiles = [turn for r in rows for turn in r["choices"][0].get("profile", [])]
@@ -116,6 +121,8 @@ def compare(answer_files: list[Path], baseline: Path | None = None, labels: list
                 mine, theirs = _totals(shared), _totals([base_rows[r["question_id"]] for r in shared])
                 totals["speedup"] = mine["tokens_per_s"] / theirs["tokens_per_s"] if shared else float("nan")
                 totals["baseline_tokens_per_s"] = theirs["tokens_per_s"] if shared else float("nan")
+                totals["mean_question_speedup"] = (mine["mean_question_tokens_per_s"]
+                                                   / theirs["mean_question_tokens_per_s"] if shared else float("nan"))
             categories[name] = totals
         label = labels[i] if labels else rows[0].get("model_id") or Path(path).stem
         entries.append({"label": label, "file": str(path), "categories": categories})
@@ -131,12 +138,19 @@ def compare(answer_files: list[Path], baseline: Path | None = None, labels: list
 def markdown(entries: list[dict]) -> str:
     """The overall table, the per-category table and, for profiled files, the time per phase."""
     with_speedup = all("speedup" in e["categories"]["all"] for e in entries)
-    lines = ["| method | questions | new tokens | tau | tokens/s |" + (" speedup |" if with_speedup else ""),
-             "|---|---|---|---|---|" + ("---|" if with_speedup else "")]
+    lines = ["| method | questions | new tokens | tau | tokens/s | tokens/s, mean of questions |"
+             + (" speedup | speedup, mean of questions |" if with_speedup else ""),
+             "|---|---|---|---|---|---|" + ("---|---|" if with_speedup else "")]
     for entry in entries:
         total = entry["categories"]["all"]
+        mean_rate = total.get("mean_question_tokens_per_s", float("nan"))
         lines.append(f"| {entry['label']} | {total['questions']} | {total['new_tokens']} | {total['tau']:.2f} | "
-                     f"{total['tokens_per_s']:.1f} |" + (f" {total['speedup']:.2f}x |" if with_speedup else ""))
+                     f"{total['tokens_per_s']:.1f} | {mean_rate:.1f} |"
+                     + (f" {total['speedup']:.2f}x | {total['mean_question_speedup']:.2f}x |" if with_speedup
+                        else ""))
+    lines += ["", "tokens/s: total new tokens over total time (every turn's wall time, prefill included). tokens/s, "
+              "mean of questions: the mean over questions of each question's tokens over its time, as Spec-Bench's "
+              "and EAGLE's speed.py compute it; their speedup is the ratio of those means."]
     categories = sorted({c for e in entries for c in e["categories"] if c != "all"})
     if categories:
         what = "speedup (tau)" if with_speedup else "tokens/s (tau)"

@@ -45,7 +45,7 @@ def repeat_split(rows: list[dict], tokenizer, n: int, max_new_tokens: int) -> di
     split = {"repeat": [0, 0], "fresh": [0, 0], "turns": 0, "aligned": 0, "repeated_tokens": 0, "tokens": 0}
     for row in rows:
         choice = row["choices"][0]
-        for text, new_tokens, lengths in zip(choice["turns"], choice["new_tokens"], choice["accept_lengths"]):
+        for text, new_tokens, lengths in zip(choice["turns"], choice["new_tokens"], bench.turn_lengths(choice)):
             split["turns"] += 1
             ids = tokenizer(text, add_special_tokens=False)["input_ids"]
             if len(ids) != new_tokens and not (len(ids) == new_tokens - 1 and new_tokens < max_new_tokens):
@@ -76,8 +76,8 @@ def same_start(short_rows: list[dict], long_rows: list[dict]) -> tuple[int, int]
             continue
         shared += 1
         first, second = short[row["question_id"]], row["choices"][0]
-        cycles = first["accept_lengths"][0][:-1]
-        same += (second["accept_lengths"][0][: len(cycles)] == cycles
+        cycles = bench.turn_lengths(first)[0][:-1]
+        same += (bench.turn_lengths(second)[0][: len(cycles)] == cycles
                  and second["turns"][0].startswith(first["turns"][0][:-8]))
     return same, shared
 

@@ -44,12 +44,52 @@ def test_answer_files_are_valid_and_resume(tmp_path, small_chat_model, method):
         choice = row["choices"][0]
         assert len(choice["turns"]) == 2 == len(choice["idxs"]) == len(choice["new_tokens"])
         # the token sampled after the prefill plus every cycle's tokens, cut at max_new_tokens
-        assert all(n == min(1 + sum(a), 6) for a, n in zip(choice["accept_lengths"], choice["new_tokens"]))
+        assert all(isinstance(n, int) for n in choice["accept_lengths"])  # one flat list, as Spec-Bench writes
+        assert sum(choice["idxs"]) == len(choice["accept_lengths"])
+        assert all(n == min(1 + sum(a), 6) for a, n in zip(bench.turn_lengths(choice), choice["new_tokens"]))
     summary = report.summarise(answer_file)
     tokens = sum(sum(r["choices"][0]["new_tokens"]) for r in rows)
     cycles = sum(sum(r["choices"][0]["idxs"]) for r in rows)
     assert summary["all"]["new_tokens"] == tokens and summary["all"]["tau"] == pytest.approx(tokens / cycles)
     assert summary["writing"]["questions"] == 3
+
+
+def test_answer_files_read_as_spec_bench_reads_them(tmp_path, small_chat_model):
+    """Spec-Bench's speed.py, from its format: per question, tokens / seconds of choices[0] (all turns); speed is
+    the mean of those rates and speedup the ratio of the means; accept_lengths is one flat list of numbers per
+    choice, averaged over every cycle.  EAGLE's speed.py reads new_tokens, wall_time and turns the same way."""
+    import numpy
+
+    target, tokenizer = small_chat_model
+    chosen = questions.load("mt_bench")[:3]
+    eos = models.eos_token_ids(target, tokenizer)
+    runners = {"eagle": engine.Decoder(target, head.random_head(target), tree.load("chain4"), eos_token_ids=eos),
+               "baseline": engine.Decoder(target, eos_token_ids=eos), "hf_generate": peers.TransformersPeer(target, eos),
+               "prompt_lookup": peers.TransformersPeer(target, eos)}
+    files = {}
+    for method, runner in runners.items():
+        files[method] = tmp_path / f"{method}.jsonl"
+        bench.run(runner, tokenizer, chosen, files[method], method, bench.Settings(method, max_new_tokens=8))
+
+    def speed(path):  # written from the format, not from their code
+        rates, lengths = [], []
+        for line in path.read_text().splitlines():
+            choice = json.loads(line)["choices"][0]
+            rates.append(sum(choice["new_tokens"]) / sum(choice["wall_time"]))
+            lengths.extend(choice["accept_lengths"])
+        return float(numpy.mean(rates)), float(numpy.mean(numpy.array(lengths, dtype=float)))
+
+    base_speed, _ = speed(files["hf_generate"])
+    entries = report.compare(list(files.values()), files["hf_generate"], labels=list(files))
+    for entry, (method, path) in zip(entries, files.items()):
+        rate, mean_length = speed(path)
+        total = entry["categories"]["all"]
+        assert total["mean_question_tokens_per_s"] == pytest.approx(rate)
+        assert total["mean_question_speedup"] == pytest.approx(rate / base_speed)
+        rows = bench.read_rows(path)
+        cycles = sum(sum(r["choices"][0]["idxs"]) for r in rows)
+        assert numpy.isfinite(mean_length) and mean_length * cycles == pytest.approx(total["new_tokens"] - 2 * len(rows))
+    assert "tokens/s, mean of questions" in report.markdown(entries)
 
 
 def test_second_turn_sees_the_first_answer(small_chat_model):
@@ -99,7 +139,9 @@ def test_report_recomputes_from_the_files(tmp_path):
     assert entries[0]["categories"]["x"]["speedup"] == pytest.approx(3.0)
     assert entries[1]["categories"]["all"]["speedup"] == pytest.approx(1.0)
     md, png = report.write([fast, slow], tmp_path / "rep", baseline=slow, labels=["fast", "slow"])
-    assert "| fast | 2 | 60 | 2.40 | 20.0 | 3.00x |" in md.read_text()
+    # total tokens over total time 60 / 3; the mean of the questions' rates (30 / 2 + 30 / 1) / 2
+    assert overall["mean_question_tokens_per_s"] == pytest.approx(22.5)
+    assert "| fast | 2 | 60 | 2.40 | 20.0 | 22.5 | 3.00x | 3.00x |" in md.read_text()
     assert png.read_bytes()[:4] == b"\x89PNG"
     with pytest.raises(ValueError, match="missing or empty"):
         report.compare([tmp_path / "none.jsonl"])
@@ -169,6 +211,9 @@ def test_report_tau_by_position_in_the_answer(tmp_path):
     row["choices"][0]["accept_lengths"] = [[2, 3, 1, 4], [1] * 8]
     assert report.tau_by_position([row], 4) == [(8, 5), (9, 6), (1, 1)]
     assert report.tau_by_position([row], 100) == [(18, 12)]
+    flat = json.loads(json.dumps(row))  # the same cycles as one flat list, split by idxs
+    flat["choices"][0]["accept_lengths"] = [2, 3, 1, 4] + [1] * 8
+    assert report.tau_by_position([flat], 4) == [(8, 5), (9, 6), (1, 1)]
     answers = tmp_path / "answers.jsonl"
     answers.write_text(json.dumps(row) + "\n")
     assert "tau_by_position" not in report.compare([answers])[0]
