@@ -8,9 +8,9 @@ many belong to each turn), as Spec-Bench and EAGLE write it; files of ours
 from before 2026-11-27 hold one list per turn, and both read (`turn_lengths`).
 A rerun skips the question
 ids already in the file; an interrupt never leaves a partial line.  Turns
-after the first see the earlier turns and answers through the conversation
-template: fastchat's where fastchat knows the model (vicuna, ...), the
-tokenizer's chat template otherwise.
+after the first see the earlier turns and answers through the one prompt
+builder (`prompts`): fastchat's template where fastchat knows the model
+(vicuna, llama-2, ...), the tokenizer's chat template otherwise.
 
 Under `accelerate launch` every process answers its share of the questions
 into its own shard file next to the answer file; the main process merges the
@@ -29,7 +29,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from . import jsonl, models
+from . import jsonl, models, prompts
 
 
 @dataclass(frozen=True)
@@ -46,33 +46,12 @@ class Settings:
 
 def fastchat_template(model_spec: str | None):
     """fastchat's conversation template for the model, or None where fastchat has none of its own."""
-    if model_spec in (None, models.EMBEDDED):
-        return None
-    from fastchat.model import get_conversation_template
-
-    template = get_conversation_template(str(model_spec))
-    return None if template.name == "one_shot" else template  # one_shot is fastchat's catch-all
+    return prompts.fastchat_template(model_spec)
 
 
 def conversation_ids(tokenizer, turns: list[str], answers: list[str], template=None) -> list[int]:
-    """Token ids of the conversation so far, ending where the assistant's next answer starts."""
-    if template is not None or not getattr(tokenizer, "chat_template", None):
-        if template is None:
-            from fastchat.model import get_conversation_template
-
-            template = get_conversation_template("one_shot")
-        conversation = template.copy()
-        for i, turn in enumerate(turns):
-            conversation.append_message(conversation.roles[0], turn)
-            conversation.append_message(conversation.roles[1], answers[i] if i < len(answers) else None)
-        return tokenizer(conversation.get_prompt())["input_ids"]
-    messages = []
-    for i, turn in enumerate(turns):
-        messages.append({"role": "user", "content": turn})
-        if i < len(answers):
-            messages.append({"role": "assistant", "content": answers[i]})
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    return [int(i) for i in (ids["input_ids"] if hasattr(ids, "keys") else ids)]
+    """Token ids of the conversation so far, ending where the assistant's next answer starts (`prompts`)."""
+    return prompts.conversation_ids(tokenizer, turns, answers, template=template)
 
 
 def answer(decoder, tokenizer, question: dict, settings: Settings, template=None) -> dict:

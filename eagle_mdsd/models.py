@@ -153,13 +153,10 @@ def model_name(spec: str | None) -> str:
     return EMBEDDED_NAME if spec in (None, EMBEDDED) else Path(str(spec)).name or str(spec)
 
 
-def chat_prompt_ids(tokenizer, prompt) -> list[int]:
+def chat_prompt_ids(tokenizer, prompt, model_spec=None) -> list[int]:
     """One user message (a string), or a conversation ending with a user message (a list of {"role",
-    "content"}), through the model's chat template (plain text, the turns joined, if it has none)."""
+    "content"}), as the one prompt builder (`prompts.message_ids`) makes it for the model."""
+    from . import prompts
+
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-    if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        if hasattr(ids, "keys"):
-            ids = ids["input_ids"]
-        return [int(i) for i in ids]
-    return tokenizer("\n\n".join(m["content"] for m in messages))["input_ids"]
+    return prompts.message_ids(tokenizer, messages, model_spec)
