@@ -237,7 +237,7 @@ class DataRecipe:
     repeats the answers), in batches of `batch_size`, into shards of `shard_size` prompts; prompts are shuffled
     with `seed` and cut to `max_prompts`, those longer than `max_prompt_tokens` skipped; `mix_reference` adds the
     datasets' own responses.  `sort_by_length` batches a shard's prompts in order of length, so a left-padded
-    batch pads less (1.2x the answers a second, evaluation/data_stage_ab.py); off by default, because in bf16 an
+    batch pads less (1.2x the answers a second, lab/data_stage_ab.py); off by default, because in bf16 an
     answer depends on its batch's padding and the documented heads' data were made without it.  `features`
     False keeps the token ids alone: the train stage then computes the target's features itself, on its device
     (the store for 100k answers shrinks from about 30 GB to 0.1 GB)."""

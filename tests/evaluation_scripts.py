@@ -1,17 +1,23 @@
-"""Import a script of evaluation/ (not a package) as a module, for the tests of the pilots and comparisons."""
+"""Import a script of evaluation/ or lab/ (not packages) as a module, for the tests of the scripts and pilots."""
 
 import importlib.util
 import sys
 from pathlib import Path
 
-EVALUATION = Path(__file__).resolve().parent.parent / "evaluation"
+ROOT = Path(__file__).resolve().parent.parent
+FOLDERS = (ROOT / "evaluation", ROOT / "lab")
 
 
 def load(name: str):
-    """evaluation/NAME.py as a module; its siblings are importable (the pilots reuse fused_features_pilot.py)."""
-    if str(EVALUATION) not in sys.path:
-        sys.path.insert(0, str(EVALUATION))
-    spec = importlib.util.spec_from_file_location(name, EVALUATION / f"{name}.py")
+    """evaluation/NAME.py or lab/NAME.py as a module; their siblings are importable (the pilots reuse
+    lab/fused_features_pilot.py)."""
+    for folder in FOLDERS:
+        if str(folder) not in sys.path:
+            sys.path.insert(0, str(folder))
+    path = next((folder / f"{name}.py" for folder in FOLDERS if (folder / f"{name}.py").exists()), None)
+    if path is None:
+        raise FileNotFoundError(f"no {name}.py in evaluation/ or lab/")
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -1,4 +1,4 @@
-"""evaluation/long_answers.py's repeat split and evaluation/long_data_pilot.py's cut data."""
+"""evaluation/long_answers.py's repeat split and its comparison of long and short answers."""
 
 import json
 
@@ -8,7 +8,6 @@ import torch
 from evaluation_scripts import load
 
 long_answers = load("long_answers")
-long_data_pilot = load("long_data_pilot")
 
 
 def test_a_token_is_in_a_repeat_when_the_ngram_ending_there_occurred_before():
@@ -45,29 +44,6 @@ def test_turns_whose_text_does_not_give_their_token_count_are_left_out():
     assert split["aligned"] == 0
     split = long_answers.repeat_split(rows, CharTokenizer(), 3, max_new_tokens=128)
     assert split["aligned"] == 2  # stopped early: the text lacks the end-of-sequence token; 8 is off by two
-
-
-def _shard(path, samples):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(samples, path)
-
-
-def test_cut_answers_keeps_the_prompt_and_the_first_answer_tokens(tmp_path):
-    source = tmp_path / "long"
-    samples = [{"ids": torch.arange(10, dtype=torch.int32), "start": 4, "features": torch.randn(10, 3)},
-               {"ids": torch.arange(5, dtype=torch.int32), "start": 3, "features": torch.randn(5, 3)}]
-    _shard(source / "data" / "shard_00000.pt", samples)
-    (source / "data" / "prompts.json").write_text(json.dumps({"count": 2}))
-    written = long_data_pilot.cut_answers(source, tmp_path / "cut", 3)
-    cut = torch.load(written[0])
-    assert [len(s["ids"]) for s in cut] == [7, 5] and [s["start"] for s in cut] == [4, 3]
-    assert torch.equal(cut[0]["features"], samples[0]["features"][:7])
-    assert torch.equal(cut[1]["ids"], samples[1]["ids"])  # an answer shorter than the cut stays whole
-    assert long_data_pilot.answer_tokens(written) == 3 + 2
-    assert long_data_pilot.answer_tokens([source / "data" / "shard_00000.pt"]) == 6 + 2
-    assert json.loads((tmp_path / "cut" / "data" / "prompts.json").read_text()) == {"count": 2}
-    with pytest.raises(FileNotFoundError, match="no data shards"):
-        long_data_pilot.cut_answers(tmp_path / "none", tmp_path / "cut2", 3)
 
 
 def test_a_long_first_turn_begins_as_the_short_runs_when_its_cycles_and_text_do():

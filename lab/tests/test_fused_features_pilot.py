@@ -1,4 +1,4 @@
-"""evaluation/fused_features_pilot.py: the two heads read what they should, and train with EAGLE-1's loss."""
+"""lab/fused_features_pilot.py: the two heads read what they should, and train with EAGLE-1's loss."""
 
 from __future__ import annotations
 

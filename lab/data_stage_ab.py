@@ -10,7 +10,7 @@ packed bf16 kernels (`kernels.pack`). Reported: seconds, answer tokens, and how 
 (a)'s - bf16 rounding depends on the padding, so a greedy answer can change with the batch it is in. Writes
 evaluation/results/data_stage_ab_<date>.md.
 
-    .venv/bin/python evaluation/data_stage_ab.py [--shard 1] [--batch-size 128] [--max-new-tokens 128] [--rounds 2]
+    .venv/bin/python lab/data_stage_ab.py [--shard 1] [--batch-size 128] [--max-new-tokens 128] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def main() -> None:
         f"{padding(prompts, by_length, args.batch_size):.2f}x sorted), greedy answers of at most "
         f"{args.max_new_tokens} tokens in batches of {args.batch_size}; {args.rounds} rounds, the arms in turn: "
         f"{'; '.join(f'{arm}: {how}' for arm, how in ARMS.items())}. Identical: answers token for token "
-        f"the data stage arm's. Command: `.venv/bin/python evaluation/data_stage_ab.py --shard {args.shard} "
+        f"the data stage arm's. Command: `.venv/bin/python lab/data_stage_ab.py --shard {args.shard} "
         f"--batch-size {args.batch_size} --max-new-tokens {args.max_new_tokens} --rounds {args.rounds}`.",
         ["| arm | seconds, each round | speed over the data stage, each round | answer tokens | identical answers |",
          "|---|---|---|---|---|", *table])

@@ -15,7 +15,7 @@ against the shipped head, and tau of the cycles that start inside a repeat
 against the others (evaluation/long_answers.py).
 
     eagle-mdsd train-head data --run runs/long_pilot --max-prompts 768 --max-new-tokens 512 --batch-size 128 --seed 3
-    .venv/bin/python evaluation/long_data_pilot.py --data runs/long_pilot --work runs/long_data_pilot
+    .venv/bin/python lab/long_data_pilot.py --data runs/long_pilot --work runs/long_data_pilot
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ def main() -> None:
         f"{models.DEFAULT_HEAD.name} {' '.join(FINISHING_EPOCH)}`). Tau on all 80 MT-Bench questions, both "
         "turns, T = 0, eagle_default, topk/topk, draft vocabulary auto, at most 128 new tokens a turn; the three "
         "heads ran one after the other. Command: "
-        "`.venv/bin/python evaluation/long_data_pilot.py --data runs/long_pilot`.", table)
+        "`.venv/bin/python lab/long_data_pilot.py --data runs/long_pilot`.", table)
     print(page.read_text())
 
 

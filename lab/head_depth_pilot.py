@@ -11,7 +11,7 @@ head's top-1 / within its top 4), on a held-out shard and on the target's greedy
 turns; the shipped head is scored alongside.  A fine-tuned head is also exported (`--work`/ARM, the compact format
 with the shipped draft vocabulary), so `eagle-mdsd bench --ea-model` can measure its tau.
 
-    python evaluation/head_depth_pilot.py --data runs/data-t0 runs/data-t1 --mt-bench runs/fused/mt_bench_first_turns.pt
+    python lab/head_depth_pilot.py --data runs/data-t0 runs/data-t1 --mt-bench runs/fused/mt_bench_first_turns.pt
 
 `--mt-bench`: the MT-Bench set `fused_features_pilot.py` writes (made here when missing).  The first run's last shard
 is held out.  One result line per arm in --work/results.jsonl; a rerun skips finished arms, then writes the page.
@@ -54,7 +54,7 @@ def grown(draft: head_module.EagleHead) -> head_module.EagleHead:
 
 def page(results: list[dict], args, facts: dict) -> str:
     lines = [f"# A second decoder layer for the shipped head: a pilot, {facts['date']}", "",
-             f"Machine: {facts['machine']}. Command: `python evaluation/head_depth_pilot.py --data "
+             f"Machine: {facts['machine']}. Command: `python lab/head_depth_pilot.py --data "
              f"{' '.join(args.data)} --mt-bench {args.mt_bench} --epochs {args.epochs:g} --scratch-epochs "
              f"{args.scratch_epochs:g}`. `tuned`: the shipped "
              f"(one-layer) head fine-tuned on {facts['train_shards']} shards ({facts['train_sequences']:,} "

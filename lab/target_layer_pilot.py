@@ -18,7 +18,7 @@ Scored as fused_features_pilot.py scores (teacher-forced at draft depth 1: the t
 top-1 / within its top 4), on a held-out shard and on the target's greedy answers to the 80 MT-Bench first turns;
 the shipped head is scored alongside.
 
-    python evaluation/target_layer_pilot.py --data runs/data-t0 --mt-bench runs/fused/mt_bench_first_turns.pt
+    python lab/target_layer_pilot.py --data runs/data-t0 --mt-bench runs/fused/mt_bench_first_turns.pt
 
 The first run's last shard is held out.  One result line per arm in --work/results.jsonl; a rerun skips finished
 arms, then writes the page.  Each trained head is exported (--work/ARM, the compact format with the shipped draft
@@ -72,7 +72,7 @@ def start_head(arm: str, target, seed: int = 0):
 
 def page(results: list[dict], args, facts: dict) -> str:
     lines = [f"# The target's last layer as the head's starting point: a pilot, {facts['date']}", "",
-             f"Machine: {facts['machine']}. Command: `python evaluation/target_layer_pilot.py --data "
+             f"Machine: {facts['machine']}. Command: `python lab/target_layer_pilot.py --data "
              f"{' '.join(args.data)} --mt-bench {args.mt_bench} --epochs {args.epochs:g}`. Six heads from "
              f"scratch on {facts['train_shards']} shards ({facts['train_sequences']:,} sequences), same batches of "
              f"4,096 tokens, steps, learning rate schedule (warm-up and cosine) and batch order; EAGLE-1's loss with the shipped "

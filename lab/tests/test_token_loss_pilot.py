@@ -1,4 +1,4 @@
-"""evaluation/token_loss_pilot.py: its acceptance score is a sampled draft's acceptance rate, as the decoder drafts."""
+"""lab/token_loss_pilot.py: its acceptance score is a sampled draft's acceptance rate, as the decoder drafts."""
 
 from __future__ import annotations
 

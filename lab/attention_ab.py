@@ -9,7 +9,7 @@ question by question, after an 8-token warm-up each. Writes
 evaluation/results/attention_<date>.md with tokens/s per function, their
 ratio and how many answers came out the same.
 
-    .venv/bin/python evaluation/attention_ab.py [--questions 8]
+    .venv/bin/python lab/attention_ab.py [--questions 8]
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def main() -> None:
         f"Embedded default, shipped head, eagle_default, bf16, packed linear layers, draft vocabulary auto, T = 0 "
         f"topk/topk, T = 1 without_replacement/rrs_wo; first turns of MT-Bench questions 1-{len(prompts)} (ids "
         f"81-{80 + len(prompts)}), 128 new tokens, T = 1 seeded by question; the two take turns going first. "
-        "Command: `.venv/bin/python evaluation/attention_ab.py`.",
+        "Command: `.venv/bin/python lab/attention_ab.py`.",
         ["| T | sdpa: tokens/s | gqa_sdpa: tokens/s | ratio | same answers |", "|---|---|---|---|---|", *rows])
     print(f"wrote evaluation/results/{page.name}")
 

@@ -13,7 +13,7 @@ question by question, after an 8-token warm-up each.  Writes
 evaluation/results/siblings_<date>.md with tokens/s per arm, their ratio and
 how many answers came out the same.
 
-    .venv/bin/python evaluation/siblings_ab.py [--questions 8]
+    .venv/bin/python lab/siblings_ab.py [--questions 8]
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def main() -> None:
         f"Embedded default, shipped head, bf16, packed linear layers, draft vocabulary auto; first turns of MT-Bench "
         f"questions 1-{len(prompts)} (ids 81-{80 + len(prompts)}), 128 new tokens, T = 1 seeded by question; two "
         "copies of the model, one packed each way, take turns going first. "
-        "Command: `.venv/bin/python evaluation/siblings_ab.py`.",
+        "Command: `.venv/bin/python lab/siblings_ab.py`.",
         ["| run | T | alone: tokens/s | siblings: tokens/s | ratio | same answers |", "|---|---|---|---|---|---|",
          *rows])
     print(f"wrote evaluation/results/{page.name}")

@@ -1,4 +1,4 @@
-"""evaluation/output_layer_pilot.py: its top-1 is the draft-row argmax against the target's token, and training the
+"""lab/output_layer_pilot.py: its top-1 is the draft-row argmax against the target's token, and training the
 output layer lowers its loss on the positions it trains on."""
 
 from __future__ import annotations

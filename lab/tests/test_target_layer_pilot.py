@@ -1,4 +1,4 @@
-"""evaluation/target_layer_pilot.py: the last_layer head starts as the target's last decoder layer."""
+"""lab/target_layer_pilot.py: the last_layer head starts as the target's last decoder layer."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""evaluation/head_depth_pilot.py: the grown head starts as the head it grew from, and its new layer learns."""
+"""lab/head_depth_pilot.py: the grown head starts as the head it grew from, and its new layer learns."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ decoder would have: the share of answer positions where the target's greedy toke
 top 4 (eagle_default drafts 4 children at the root), on a held-out shard of the training data and on the target's
 greedy answers to the 80 MT-Bench first turns (evaluation only).  The shipped head is scored alongside.
 
-    python evaluation/fused_features_pilot.py --data runs/data-t0 runs/data-t1 --epochs 4
+    python lab/fused_features_pilot.py --data runs/data-t0 runs/data-t1 --epochs 4
 
 `--data`: runs of `eagle-mdsd train-head data` (their shards get the inner states added under --work); the first
 run's last shard is held out.  Every stage resumes: featurised shards, the MT-Bench set, and one result line per
@@ -261,7 +261,7 @@ def table(results: list[dict], extra: tuple[str, ...] = ()) -> list[str]:
 
 def page(results: list[dict], args, facts: dict) -> str:
     lines = [f"# EAGLE-3's fused input against EAGLE-1's on the embedded default: a pilot, {facts['date']}", "",
-             f"Machine: {facts['machine']}. Command: `python evaluation/fused_features_pilot.py --data "
+             f"Machine: {facts['machine']}. Command: `python lab/fused_features_pilot.py --data "
              f"{' '.join(args.data)} --epochs {args.epochs:g}`. Both heads from scratch, same "
              f"{facts['train_shards']} training shards ({facts['train_sequences']:,} sequences), batches (4,096 "
              f"tokens), steps, lr 5e-4 and seed; `fused` adds the outputs of target layers {LOW} and {MID} "

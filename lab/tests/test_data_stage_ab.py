@@ -1,4 +1,4 @@
-"""evaluation/data_stage_ab.py: every arm answers every prompt, in the prompts' order, as the data stage would."""
+"""lab/data_stage_ab.py: every arm answers every prompt, in the prompts' order, as the data stage would."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ target's greedy token on depth-1 and depth-2 predictions. Scored after each epoc
 target's greedy token as the argmax over the draft rows) on the run's held-out last shard and on the target's greedy
 answers to the 80 MT-Bench first turns (evaluation only), against the frozen layer.
 
-    python evaluation/output_layer_pilot.py --data runs/data-t0
+    python lab/output_layer_pilot.py --data runs/data-t0
 
 Writes evaluation/results/output_layer_pilot_<date>.md.
 """
@@ -144,7 +144,7 @@ def main() -> None:
         "predictions, `top1` = the cross-entropy of the target's greedy token on depth-1 and depth-2 predictions. "
         "Top-1 = the target's greedy token (whole vocabulary) is the argmax over the draft rows, teacher-forced, "
         f"on the held-out shard `{held_out.name}` and on the target's greedy answers (128 tokens) to the 80 "
-        f"MT-Bench first turns (evaluation only). Command: `python evaluation/output_layer_pilot.py --data "
+        f"MT-Bench first turns (evaluation only). Command: `python lab/output_layer_pilot.py --data "
         f"{args.data} --epochs {args.epochs}`.", lines)
     print(f"wrote evaluation/results/{page.name}")
 

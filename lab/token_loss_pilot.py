@@ -11,7 +11,7 @@ T = 1 (what a sampled draft is accepted with), on held-out shards and on the tar
 MT-Bench first turns (evaluation only).  Each fine-tuned head is exported (--work/ARM, compact), so `eagle-mdsd
 bench --ea-model` can measure its tau.
 
-    python evaluation/token_loss_pilot.py --data runs/data-t0 runs/data-t1 --mt-bench runs/fused/mt_bench_first_turns.pt
+    python lab/token_loss_pilot.py --data runs/data-t0 runs/data-t1 --mt-bench runs/fused/mt_bench_first_turns.pt
 
 The last shard of every data run is held out (the runs answer the same prompts, so no held-out prompt is trained
 on); greedy scores on the first run's, sum min(p, q) on every held-out shard.  One result line per arm in
@@ -48,7 +48,7 @@ def acceptance(draft, target, samples: list[dict], draft_rows: torch.Tensor) -> 
 def page(results: list[dict], args, facts: dict) -> str:
     held = facts["held_out"]
     lines = [f"# Total variation against cross-entropy as the head's token loss: a pilot, {facts['date']}", "",
-             f"Machine: {facts['machine']}. Command: `python evaluation/token_loss_pilot.py --data "
+             f"Machine: {facts['machine']}. Command: `python lab/token_loss_pilot.py --data "
              f"{' '.join(args.data)} --mt-bench {args.mt_bench} --epochs {args.epochs:g}`. The shipped head "
              f"fine-tuned on {facts['train_shards']} shards ({facts['train_sequences']:,} sequences) per arm, same "
              f"batches of 4,096 tokens, steps, lr {LR:g} with warm-up and cosine, and seed: the `ce` arms with EAGLE's "
@@ -88,7 +88,7 @@ def main() -> None:
             parser.error(f"{run / 'data'} has {len(found)} data shards, the pilot needs 2 or more: run "
                          f"`eagle-mdsd train-head data --run {run}` first")
     if not Path(args.mt_bench).exists():
-        parser.error(f"no MT-Bench set at {args.mt_bench}: run evaluation/fused_features_pilot.py first")
+        parser.error(f"no MT-Bench set at {args.mt_bench}: run lab/fused_features_pilot.py first")
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     held_out = [found[-1] for found in shards.values()]
