@@ -54,7 +54,9 @@ class DraftModel:
         self.ids = self.outside = self.rows = None
         self.draft_lm_head = self.lm_head
         self.catch_up_graph_rows = catch_up_graph_rows
-        if draft_vocab is not None:
+        if hasattr(head, "target_ids"):  # EAGLE-3: the head's own output layer over its own vocabulary
+            self._own_vocabulary(head, fill)
+        elif draft_vocab is not None:
             device = self.lm_head.weight.device
             chosen = set(head.draft_vocab[:draft_vocab])
             self.rows = torch.tensor(sorted(chosen), device=device)  # the draft vocabulary itself, without the fill
@@ -67,6 +69,25 @@ class DraftModel:
                 kernels.pack(self.draft_lm_head)
             if len(ids) > len(chosen):
                 self.outside = torch.tensor([token not in chosen for token in ids], device=device)
+
+    def _own_vocabulary(self, head, fill: int) -> None:
+        """q over the head's draft vocabulary (its target tokens, sorted) and the `fill` lowest ids at q = 0; the
+        head's logits land in those columns."""
+        device = self.lm_head.weight.device
+        mine = head.target_ids().tolist()
+        ids = sorted(set(mine) | set(range(min(fill, self.lm_head.weight.shape[0]))))
+        self.ids = torch.tensor(ids, device=device)
+        column = {token: k for k, token in enumerate(ids)}
+        self.rows = torch.tensor(sorted(mine), device=device)
+        columns = torch.tensor([column[token] for token in mine], device=device)
+        width = len(ids)
+
+        def draft_logits(outputs):
+            own = head.logits(outputs)
+            spread = torch.full(own.shape[:-1] + (width,), float("-inf"), dtype=own.dtype, device=own.device)
+            return spread.index_copy_(-1, columns, own)
+
+        self.draft_lm_head = draft_logits
 
     def new_cache(self, capacity: int, static: bool = False) -> KVCache:
         return KVCache(len(self.head.layers), capacity, static)

@@ -192,12 +192,18 @@ class Decoder:
         self.target_cache_keyword = models.cache_keyword(self.decoder_model)
         self.lm_head = target.get_output_embeddings()
         self.device = self.lm_head.weight.device
+        # EAGLE-3 heads read three layers' hidden states beside the final feature (eagle3.py)
+        self.feature_layers = getattr(head, "feature_layers", None)
+        self.hidden_size = target.config.hidden_size
         self.eos = set(int(e) for e in eos_token_ids)
         self.packed = kernels.resolve(kernels_choice, self.lm_head.weight)
         if self.packed:
             kernels.pack(target)
             if head is not None:
                 kernels.pack(head)
+        if self.feature_layers is not None and draft_vocab not in (None, "auto"):
+            raise ValueError(f"--draft-vocab {draft_vocab}: an EAGLE-3 head drafts over its own vocabulary of "
+                             f"{head.config.draft_vocab_size} tokens; drop --draft-vocab")
         draft_vocab = resolve_draft_vocab(head, draft_vocab)
         if draft_vocab is not None:
             if head is None or head.draft_vocab is None:
@@ -229,10 +235,18 @@ class Decoder:
         the same attention kernels, so in bf16 the prefill and a plain step round as `generate`'s do, bit for bit.
         (A static cache always passes a mask over its whole capacity: other kernels, whose bf16 rounding may
         differ from `generate`'s.)"""
+        layers = self.feature_layers
         out = self.decoder_model(input_ids=tokens[None], position_ids=positions[None],
                                  attention_mask=None if mask is None else mask[None, None], use_cache=True,
-                                 **{self.target_cache_keyword: cache})
-        return out.last_hidden_state[0]
+                                 output_hidden_states=layers is not None, **{self.target_cache_keyword: cache})
+        if layers is None:
+            return out.last_hidden_state[0]
+        # EAGLE-3: [k, H] final features, then the three layers' [k, 3H] the head reads
+        return torch.cat([out.last_hidden_state[0], *(out.hidden_states[i][0] for i in layers)], -1)
+
+    def logits(self, features) -> torch.Tensor:
+        """The target's logits from target_forward's features."""
+        return self.lm_head(features if self.feature_layers is None else features[..., : self.hidden_size])
 
     def _target(self, call: Call, tokens, positions, block=None, graph: bool = True):
         """Features of tokens appended after the call's committed entries; block: their additive mask among
@@ -315,7 +329,7 @@ class Decoder:
         start, captured = time.perf_counter(), self.graphs.seconds if self.graphs else 0.0
         features = self._target(call, prompt, torch.arange(len(prompt), device=self.device), graph=False)
         call.length = len(prompt)
-        call.root = self._choose(self.lm_head(features[-1]), call.temperature, call.generator)
+        call.root = self._choose(self.logits(features[-1]), call.temperature, call.generator)
         call.root_id = call.root.tolist()[0]
         prefill_time = time.perf_counter() - start
         call.pending = (features, torch.cat([prompt[1:], call.root]))
@@ -346,7 +360,7 @@ class Decoder:
         features = self._target(call, call.root, torch.full((1,), call.length, device=self.device))
         call.length += 1
         call.timer.lap("target")
-        call.root = self._choose(self.lm_head(features[-1]), call.temperature, call.generator)
+        call.root = self._choose(self.logits(features[-1]), call.temperature, call.generator)
         call.root_id = call.root.tolist()[0]
         call.timer.lap("verify")
         return [call.root_id]
@@ -358,7 +372,7 @@ class Decoder:
         features = self._target(call, draft.tokens, call.length + draft.layout.depth, draft.layout.mask)
         call.timer.lap("target")
         # One lm_head pass over the whole tree: it reads the weights once.
-        logits = self.lm_head(features)
+        logits = self.logits(features)
         if call.temperature == 0:
             path, emitted = self._accept_greedy(call, draft, logits)
         else:

@@ -128,8 +128,9 @@ def resolve(spec: str) -> Path:
     raise FileNotFoundError(f"draft head {spec} does not exist: give a folder with config.json and weights")
 
 
-def load_head(spec: str, target) -> EagleHead:
-    """Load an EAGLE-1 head for `target`; refuses heads that do not fit it."""
+def load_head(spec: str, target):
+    """Load an EAGLE-1 head (EagleHead) or an EAGLE-3 one (eagle3.Eagle3Head, told by its config) for `target`;
+    refuses heads that do not fit it."""
     from transformers import LlamaConfig
 
     folder = resolve(str(spec))
@@ -137,6 +138,10 @@ def load_head(spec: str, target) -> EagleHead:
     if not config_file.exists():
         raise FileNotFoundError(f"draft head {spec} has no config.json")
     raw = json.loads(config_file.read_text())
+    from . import eagle3
+
+    if eagle3.is_eagle3(raw):
+        return eagle3.load(folder, raw, _read_weights(folder), target, str(spec))
     bias = bool(raw.pop("bias", True))
     config = LlamaConfig(**{k: v for k, v in raw.items() if k not in ("architectures",)})
     check_fits(config, target.config, str(spec))
@@ -153,8 +158,8 @@ def load_head(spec: str, target) -> EagleHead:
     missing, unexpected = head.load_state_dict(state, strict=False)
     missing = [k for k in missing if "rotary_emb" not in k]
     if missing or unexpected:
-        raise ValueError(f"draft head {spec} is not an EAGLE-1 checkpoint: missing {missing[:3]}, "
-                         f"unexpected {unexpected[:3]}")
+        raise ValueError(f"draft head {spec} is neither an EAGLE-1 checkpoint nor an EAGLE-3 one: missing "
+                         f"{missing[:3]}, unexpected {unexpected[:3]}")
     ranked = folder / DRAFT_VOCAB_FILE
     if ranked.exists():
         token_ids = json.loads(ranked.read_text())["token_ids"]

@@ -4,9 +4,9 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 
-def tiny_target(vocab: int = 4, hidden: int = 32, seed: int = 0, sharpness: float = 8.0):
+def tiny_target(vocab: int = 4, hidden: int = 32, seed: int = 0, sharpness: float = 8.0, layers: int = 2):
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
+    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
                          tie_word_embeddings=False)
     model = LlamaForCausalLM(config).eval()

@@ -1,0 +1,159 @@
+"""EAGLE-3 heads (eagle_mdsd/eagle3.py): the released layout loads, the forward is the published architecture,
+and decoding with one is lossless for every drafter/verifier pair on every kind of tree."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from eagle_mdsd import dynamic, eagle3, engine, head, tree, verification
+
+from test_engine import PROMPT, P_VALUE, TREES, chi_square_p_value, empirical_first_three, exact_first_three
+from tiny import tiny_target
+
+
+@pytest.fixture(scope="module")
+def tiny3():
+    """A 4-token, 4-layer target and a sharp random EAGLE-3 head over 3 of its tokens (d2t no identity)."""
+    target = tiny_target(layers=4)
+    draft_head = eagle3.random_head(target, draft_vocab_size=3, seed=1)
+    with torch.no_grad():
+        draft_head.fc.weight.mul_(20.0)
+    return target, draft_head
+
+
+def test_a_head_in_the_released_layout_loads(tiny3, tmp_path):
+    target, draft_head = tiny3
+    folder = eagle3.save(draft_head, tmp_path / "head")
+    config = json.loads((folder / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["draft_vocab_size"] == 3
+    weights = load_file(folder / "model.safetensors")
+    hidden = target.config.hidden_size
+    assert tuple(weights["fc.weight"].shape) == (hidden, 3 * hidden)
+    assert weights["midlayer.self_attn.q_proj.weight"].shape[1] == 2 * hidden
+    assert {"midlayer.hidden_norm.weight", "midlayer.input_layernorm.weight", "norm.weight", "d2t", "t2d"} <= set(weights)
+    assert tuple(weights["lm_head.weight"].shape) == (3, hidden) and weights["d2t"].dtype == torch.int64
+    loaded = head.load_head(str(folder), target)
+    assert isinstance(loaded, eagle3.Eagle3Head) and loaded.feature_layers == (2, 2, 1)
+    mine, theirs = loaded.state_dict(), draft_head.state_dict()
+    assert mine.keys() == theirs.keys() and [k for k in mine if not torch.equal(mine[k], theirs[k])] == []
+    assert loaded.target_ids().tolist() == draft_head.target_ids().tolist()
+
+
+def test_a_head_that_does_not_fit_is_a_one_line_error_naming_the_field(tiny3, tmp_path):
+    target, draft_head = tiny3
+    folder = eagle3.save(draft_head, tmp_path / "head")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(config | {"target_hidden_size": 4096}))
+    with pytest.raises(ValueError, match="EAGLE-3 head for another base model: its target hidden size is 4096, the "
+                                         "base model's hidden_size is 32"):
+        head.load_head(str(folder), target)
+    (folder / "config.json").write_text(json.dumps(config | {"intermediate_size": 48}))
+    with pytest.raises(ValueError, match=r"does not fit its config: midlayer.mlp.\w+_proj.weight is"):
+        head.load_head(str(folder), target)
+    (folder / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "hidden_size"}))
+    with pytest.raises(ValueError, match="config.json has no hidden_size"):
+        head.load_head(str(folder), target)
+
+
+def _rms(x, weight, eps):
+    return weight * x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps)
+
+
+def _rope(x, positions, theta):
+    half = x.shape[-1] // 2
+    freq = 1.0 / theta ** (torch.arange(half, dtype=torch.float64) / half)
+    angle = positions[:, None].double() * freq[None]
+    cos, sin = torch.cat([angle.cos()] * 2, -1), torch.cat([angle.sin()] * 2, -1)
+    rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
+    return x * cos + rotated * sin
+
+
+def test_the_forward_is_the_published_architecture(tiny3):
+    """Written from the architecture (fc over three layers; norms; [embedding, hidden] into the attention; residual;
+    MLP; lm_head over norm), not from the module."""
+    target, draft_head = tiny3
+    w = {k: v.double() for k, v in draft_head.state_dict().items()}
+    config = draft_head.config
+    eps, heads, kv_heads = config.rms_norm_eps, config.num_attention_heads, config.num_key_value_heads
+    head_dim = config.hidden_size // heads
+    theta = getattr(config, "rope_theta", None) or config.rope_parameters["rope_theta"]
+    torch.manual_seed(3)
+    k = 5
+    features = torch.randn(k, 3 * target.config.hidden_size, dtype=torch.float64)
+    embedded = torch.randn(k, config.hidden_size, dtype=torch.float64)
+    positions = torch.arange(7, 7 + k)
+    hidden = features @ w["fc.weight"].T
+    both = torch.cat([_rms(embedded, w["midlayer.input_layernorm.weight"], eps),
+                      _rms(hidden, w["midlayer.hidden_norm.weight"], eps)], -1)
+    q = (both @ w["midlayer.self_attn.q_proj.weight"].T).view(k, heads, head_dim).transpose(0, 1)
+    key = (both @ w["midlayer.self_attn.k_proj.weight"].T).view(k, kv_heads, head_dim).transpose(0, 1)
+    value = (both @ w["midlayer.self_attn.v_proj.weight"].T).view(k, kv_heads, head_dim).transpose(0, 1)
+    q, key = _rope(q, positions, theta), _rope(key, positions, theta)
+    key, value = key.repeat_interleave(heads // kv_heads, 0), value.repeat_interleave(heads // kv_heads, 0)
+    scores = q @ key.transpose(1, 2) / head_dim**0.5 + torch.full((k, k), float("-inf")).triu(1)
+    attended = (scores.softmax(-1) @ value).transpose(0, 1).reshape(k, heads * head_dim)
+    hidden = hidden + attended @ w["midlayer.self_attn.o_proj.weight"].T
+    normed = _rms(hidden, w["midlayer.post_attention_layernorm.weight"], eps)
+    mlp = (torch.nn.functional.silu(normed @ w["midlayer.mlp.gate_proj.weight"].T)
+           * (normed @ w["midlayer.mlp.up_proj.weight"].T)) @ w["midlayer.mlp.down_proj.weight"].T
+    hidden = hidden + mlp
+    logits = _rms(hidden, w["norm.weight"], eps) @ w["lm_head.weight"].T
+    mask = engine.additive_mask(torch.ones(k, k, dtype=torch.bool).tril(), torch.float64)
+    with torch.no_grad():
+        mine = draft_head(features[None], embedded[None], positions[None], mask, None)[0]
+        assert torch.allclose(mine, hidden, atol=1e-10)
+        assert torch.allclose(draft_head.logits(mine), logits, atol=1e-10)
+        # deeper steps read the head's own output (H wide), not fc's input
+        again = draft_head(mine[None], embedded[None], positions[None], mask, None)[0]
+    assert not torch.allclose(again, mine)
+
+
+def _greedy(target, steps=12):
+    sequence = list(PROMPT)
+    with torch.no_grad():
+        for _ in range(steps):
+            sequence.append(int(target(torch.tensor([sequence])).logits[0, -1].argmax()))
+    return sequence[len(PROMPT):]
+
+
+@pytest.mark.parametrize("spec", ["wide", "eagle2:total_tokens=6,depth=3,top_k=2", "wide+lookup"])
+def test_temperature_zero_is_greedy_with_an_eagle3_head_for_every_pair(tiny3, spec):
+    target, draft_head = tiny3
+    reference = _greedy(target)
+    base, _, _ = spec.partition("+")
+    pairs = verification.pairs() if base == "wide" else [("topk", "topk")]
+    for scheme, verifier in pairs:
+        shape = "binary2" if scheme == "spechub" else "wide"  # SpecHub drafts two children a node
+        topology = tree.compile_tree(TREES[shape]) if base == "wide" else dynamic.load(base)
+        if spec.endswith("+lookup"):
+            from eagle_mdsd import lookup
+
+            topology = lookup.LookupTree(topology)
+        for static in (False, True):  # static: the caches CUDA graphs replay
+            decoder = engine.Decoder(target, draft_head, topology, scheme, verifier, static_shapes=static)
+            result = decoder.generate(PROMPT, 12, 0.0)
+            assert result.token_ids == reference, (scheme, verifier, static)
+
+
+CASES = [(s, v, "binary2" if s == "spechub" else "wide") for s, v in verification.pairs()]
+
+
+@pytest.mark.parametrize("scheme, verifier, tree_name", CASES, ids=["-".join(c) for c in CASES])
+def test_first_three_tokens_follow_the_target_exactly_with_an_eagle3_head(tiny3, scheme, verifier, tree_name):
+    target, draft_head = tiny3
+    decoder = engine.Decoder(target, draft_head, tree.compile_tree(TREES[tree_name], tree_name), scheme, verifier)
+    q, ids = decoder.draft_model.distribution(torch.randn(2, target.config.hidden_size, dtype=target.dtype), 1.0)
+    outside = sorted(set(range(4)) - set(draft_head.target_ids().tolist()))
+    assert torch.equal(decoder.draft_model.vocabulary_q(q, ids)[:, outside], torch.zeros(2, len(outside)))
+    exact = exact_first_three(target, 1.0)
+    assert chi_square_p_value(empirical_first_three(decoder, 1.0), exact) > P_VALUE
+
+
+def test_an_eagle3_head_takes_no_draft_vocabulary_option(tiny3):
+    target, draft_head = tiny3
+    with pytest.raises(ValueError, match="an EAGLE-3 head drafts over its own vocabulary of 3 tokens"):
+        engine.Decoder(target, draft_head, tree.compile_tree(TREES["wide"]), draft_vocab=2)
