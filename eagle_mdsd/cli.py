@@ -15,8 +15,7 @@ from pathlib import Path
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 from . import checks, drafting, engine, graphs, kernels, theory, verification  # noqa: E402  (imports torch)
-
-METHODS = ["eagle", "baseline", "hf_generate", "prompt_lookup"]
+from .suite import METHODS  # noqa: E402  (the methods every subcommand offers, defined once)
 DRAFT_VOCAB_HELP = ("draft over the head's N most frequent tokens (FR-Spec; q is 0 elsewhere, still exact): N, "
                     "'full', or 'auto' (default: 8192 when the head ships draft_vocab.json, else full)")
 

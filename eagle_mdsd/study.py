@@ -38,10 +38,11 @@ from .engine import additive_mask, warp
 TASKS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning")
 DRAFTS = ("eagle", "truncated")
 EPSILON = 1e-6
-# verifier -> (drafting scheme, the alpha* it is measured against)
-VERIFIERS = {"rrs_w": ("with_replacement", "with_replacement"), "kseq": ("with_replacement", "with_replacement"),
-             "rrs_wo": ("without_replacement", "without_replacement"), "greedy": ("greedy", "greedy"),
-             "spechub": ("spechub", "spechub")}
+# verifier -> (drafting scheme, the alpha* it is measured against): every verifier declared lossless for one
+# sampling scheme (verification.Verifier.schemes), against that scheme's alpha*; topk, which verifies any drafts,
+# is for deterministic ones and is not studied
+VERIFIERS = {name: (verifier.schemes[0], verifier.schemes[0]) for name, verifier in verification.VERIFIERS.items()
+             if len(verifier.schemes) == 1}
 ALPHAS = ("with_replacement", "without_replacement", "greedy")
 
 
