@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 # torch's CPU allocator asks for transparent huge pages for tensors of 2 MB and more (read once, before
-# the first allocation).  Head training allocates ~0.4 GB of logits a step; with 4 KB pages their page
-# faults took ~40% of the time on our 2-core machine (3.9 s a step against 2.3 s with huge pages).
+# the first allocation).  Head training allocates large logits every step, whose page faults with 4 KB pages
+# cost a large share of a CPU step (measured: docs/training.md).
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 from . import checks, drafting, engine, graphs, kernels, theory, verification  # noqa: E402  (imports torch)
@@ -591,8 +591,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "or top1 (cross-entropy against the target's most probable token, T = 0's draft)")
     train.add_argument("--draft-vocab", dest="train_draft_vocab", type=_train_draft_vocab, default=None,
                        help="train stage: score the cross-entropy over the N most frequent answer tokens only, "
-                            "the vocabulary the decoder drafts from (8192: 0.75 s a step on the embedded default, "
-                            "2.09 s full); 'full' (default) scores all tokens")
+                            "the vocabulary the decoder drafts from, and skip most of the full-vocabulary logits that "
+                            "dominate a step on a small target; 'full' (default) scores all tokens")
     train.add_argument("--init-from", default=None,
                        help="train stage: start from this run's checkpoint or exported head, not a random head")
     train.add_argument("--max-new-tokens", type=_count(1), default=128, help="response length in the data stage")
@@ -601,8 +601,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "batch b of a seed is the same prompts only at the same batch size)")
     train.add_argument("--shard-size", type=_count(1), default=256)
     train.add_argument("--sort-by-length", action="store_true",
-                       help="data stage: batch each shard's prompts shortest first, so batches pad less (1.2x the "
-                            "answers a second on 2 CPU cores; in bf16 some answers change with their batch)")
+                       help="data stage: batch each shard's prompts shortest first, so batches pad less and answer "
+                            "faster (in bf16 some answers change with their batch)")
     train.add_argument("--mix-reference", action="store_true", help="also train on the datasets' responses")
     train.add_argument("--no-features", action="store_true",
                        help="data stage: keep the token ids alone; the train stage computes the target's features "
@@ -677,12 +677,13 @@ def build_parser() -> argparse.ArgumentParser:
     suite_parser.add_argument("--verifier", default="topk")
     suite_parser.add_argument("--sampling-pair", default="without_replacement/rrs_wo",
                               help="DRAFTER/VERIFIER of EAGLE at T > 0 on static trees without their own pair "
-                                   "(default without_replacement/rrs_wo: tau 1.97 against topk's 1.60 at T = 1); "
+                                   "(default without_replacement/rrs_wo: sampled drafts beat deterministic top-k ones at T = 1); "
                                    "'same' keeps --drafter/--verifier")
     suite_parser.add_argument("--sampling-tree", default="chain2",
                               help="the static tree EAGLE runs at T > 0, once, in place of the static --trees "
-                                   "entries without their own pair (default chain2: on a 2-core CPU 86 tokens/s "
-                                   "against eagle_default's 60 at T = 1); 'same' keeps each tree")
+                                   "entries without their own pair (default chain2: where every tree row costs target compute, "
+                                   "as on a CPU, a short chain outruns a wide tree at T = 1); 'same' keeps each "
+                                   "tree")
     suite_parser.add_argument("--seed", type=int, default=0)
     suite_parser.add_argument("--draft-vocab", type=_draft_vocab, default="auto", help=DRAFT_VOCAB_HELP)
     _add_kernels_option(suite_parser)

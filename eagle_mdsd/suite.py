@@ -29,12 +29,11 @@ from .benchmarks import machine, machine_line
 from .tree import Tree
 
 METHODS = ("eagle", "baseline") + peers.METHODS
-# EAGLE's pair at T > 0: sampled drafts beat deterministic top-k ones there (tau 1.97 against 1.60 at T = 1 on
-# eagle_default, evaluation/results/benchmark_2026-11-23_bfloat16_head6.md; and in the sweeps).
+# EAGLE's pair at T > 0: sampled drafts beat deterministic top-k ones there (measured: docs/benchmarks.md).
 SAMPLING_PAIR = "without_replacement/rrs_wo"
-# EAGLE's static tree at T > 0: on a 2-core CPU, where every tree row costs target compute, a chain of two sampled
-# drafts runs 86 tokens/s against eagle_default's 60 at T = 1 (tau 1.67 against 2.14; 16 MT-Bench first turns,
-# evaluation/results/sweep_t1_chains_2026-11-24_bfloat16.md).  'same' keeps each --trees entry.
+# EAGLE's static tree at T > 0: where every tree row costs target compute, as on a CPU, a chain of two sampled
+# drafts outruns a wide tree at T = 1, though its tau is lower (measured: docs/benchmarks.md).  'same' keeps each
+# --trees entry.
 SAMPLING_TREE = "chain2"
 
 
