@@ -150,14 +150,16 @@ def merge_shards(answer_file: Path) -> None:
 
 
 def run(decoder, tokenizer, questions: list[dict], answer_file: Path, model_id: str, settings: Settings,
-        template=None, warmup: bool = True, process: tuple[int, int] = (0, 1), progress: bool = True) -> Path:
-    """Answer the unfinished `questions` into `answer_file`; process = (index, count) shares them out."""
+        template=None, warmup: bool = True, process: tuple[int, int] = (0, 1), progress: bool = True,
+        share_out: bool = True) -> Path:
+    """Answer the unfinished `questions` into `answer_file`; process = (index, count) shares them out and writes
+    this process's shard file (share_out False: the caller already gave this process its own questions)."""
     index, count = process
     answer_file = Path(answer_file)
     answer_file.parent.mkdir(parents=True, exist_ok=True)
     done = finished_ids(answer_file)
     # Share out the full list, not what is left: the shares must not depend on when each process looks.
-    todo = [q for q in questions[index::count] if q["question_id"] not in done]
+    todo = [q for q in (questions[index::count] if share_out else questions) if q["question_id"] not in done]
     target_file = answer_file if count == 1 else answer_file.with_name(
         f"{answer_file.stem}.shard{index:03d}-of-{count:03d}.jsonl")
     jsonl.drop_cut_short_line(target_file)

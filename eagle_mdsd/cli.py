@@ -392,18 +392,33 @@ def _run_name(args, kind: str) -> str:
 
 
 def cmd_benchmark(args) -> None:
+    from accelerate import PartialState
+    from accelerate.utils import broadcast_object_list
+
     from . import suite
 
     temperatures = tuple(_floats(args.temperatures, "temperatures"))
     _check_benchmark_options(args, temperatures)
+    # One process unless started by `accelerate launch` (GPUs) or `torchrun` (CPU processes, gloo): then each
+    # answers a share of the questions, and the first names the run and reports.
+    state = PartialState(cpu=args.device == "cpu")
+    if state.num_processes > 1 and args.device == "cuda":
+        args.device = str(state.device)  # one GPU per process
+    run = [_run_name(args, "benchmark"), args.answers, args.out] if state.is_main_process else [None] * 3
+    if state.num_processes > 1:
+        run = broadcast_object_list(run)
+    name, args.answers, args.out = run
     plan = suite.BenchmarkPlan(
         bench_name=args.bench, count=None if args.all else args.questions, temperatures=temperatures,
         methods=tuple(args.methods.split(",")),
         trees=tuple(args.trees), drafter=args.drafter, verifier=args.verifier, sampling_pair=args.sampling_pair,
         sampling_tree=args.sampling_tree, draft_vocab=args.draft_vocab, kernels_choice=args.kernels,
         cuda_graphs=args.cuda_graphs, dtype=args.dtype, device=args.device, max_new_tokens=args.max_new_tokens,
-        seed=args.seed, name=_run_name(args, "benchmark"))
-    result = suite.run_benchmark(Path(args.out), Path(args.answers), plan)
+        seed=args.seed, name=name)
+    result = suite.run_benchmark(Path(args.out), Path(args.answers), plan,
+                                 (state.process_index, state.num_processes), state.wait_for_everyone)
+    if result is None:
+        return
     stem = Path(args.out) / result["name"]
     print(stem.with_suffix(".md").read_text())
     print(f"wrote {stem}.md, .json and the charts")

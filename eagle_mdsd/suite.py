@@ -255,9 +255,13 @@ class BenchmarkPlan:
                 raise ValueError(f"unknown method {method!r}: use one of {', '.join(METHODS)}")
 
 
-def run_benchmark(out: Path, answers: Path, plan: BenchmarkPlan = BenchmarkPlan()) -> dict:
+def run_benchmark(out: Path, answers: Path, plan: BenchmarkPlan = BenchmarkPlan(), process: tuple[int, int] = (0, 1),
+                  barrier=lambda: None) -> dict | None:
     """Answer into answers/NAME/, then report into out/NAME.{json,md,_t*.png}; a rerun with the same name
-    resumes."""
+    resumes.  process = (index, count) of processes started together (accelerate launch, torchrun): each answers
+    every count-th question into shard files, `barrier` waits for all of them, and the first merges the shards
+    and reports (the others return None)."""
+    index, count = process
     sampled_drafter, sampled_verifier = parse_sampling_pair(plan.sampling_pair, plan.drafter, plan.verifier)
     setups = benchmark_setups(plan.trees, plan.drafter, plan.verifier, (sampled_drafter, sampled_verifier),
                               plan.sampling_tree)
@@ -284,6 +288,8 @@ def run_benchmark(out: Path, answers: Path, plan: BenchmarkPlan = BenchmarkPlan(
     date = datetime.date.today().isoformat()
     name = plan.name or f"benchmark_{date}_{plan.dtype}"
     draft_vocab = engine.resolve_draft_vocab(draft_head, plan.draft_vocab)
+    if index > 0:
+        barrier()  # the first process records the settings and the machine before the others read them
     check_settings(Path(answers) / name, {
         "head": head_checksum(models.DEFAULT_HEAD) if draft_head is not None else None, "dtype": plan.dtype,
         "bench": plan.bench_name, "max_new_tokens": plan.max_new_tokens, "seed": plan.seed,
@@ -294,15 +300,24 @@ def run_benchmark(out: Path, answers: Path, plan: BenchmarkPlan = BenchmarkPlan(
         f"{plan.bench_name}-{models.EMBEDDED_NAME}-{label}-{_temperature_tag(t)}.jsonl")
         for t in plan.temperatures for sampled, label in runners if sampled == (t > 0)}
     timed_on = timing_machine(Path(answers) / name, files.values(), chosen, plan.device)
+    if index == 0:
+        barrier()
     warm = models.chat_prompt_ids(tokenizer, "Hello!")
     for t, label in files:  # one-off costs (allocations, kernels)
         method, runner = runners[t > 0, label]
         runner.generate(warm, 16, t, plan.seed, method)
-    for question in tqdm(chosen, desc=f"{plan.bench_name} questions, each into {len(files)} answer files"):
+    for question in tqdm(chosen[index::count], desc=f"{plan.bench_name} questions, each into {len(files)} answer "
+                         f"files", disable=index > 0):
         for (t, label), answer_file in files.items():
             method, runner = runners[t > 0, label]
             bench.run(runner, tokenizer, [question], answer_file, f"{models.EMBEDDED_NAME}-{label}",
-                      bench.Settings(method, plan.max_new_tokens, t, plan.seed), warmup=False, progress=False)
+                      bench.Settings(method, plan.max_new_tokens, t, plan.seed), warmup=False, progress=False,
+                      process=process, share_out=False)
+    barrier()
+    if index > 0:
+        return None
+    for answer_file in files.values():
+        bench.merge_shards(answer_file)
     result = {"name": name, "date": date, "machine": timed_on, "bench": plan.bench_name,
               "questions": [q["question_id"] for q in chosen],
               "dtype": plan.dtype, "device": plan.device, "max_new_tokens": plan.max_new_tokens,

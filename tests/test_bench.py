@@ -395,7 +395,7 @@ def test_the_main_command_measures_afresh_in_a_clone_whose_committed_answers_car
         (tmp_path / committed / "settings.json").write_text("{}")  # timed on another machine
     calls = []
 
-    def measured(out, answers, plan):
+    def measured(out, answers, plan, *process):
         calls.append((out, answers, plan.name))
         (out / f"{plan.name}.md").parent.mkdir(parents=True, exist_ok=True)
         (out / f"{plan.name}.md").write_text("page")
@@ -418,6 +418,27 @@ def test_the_main_command_measures_afresh_in_a_clone_whose_committed_answers_car
     assert cli.main(["benchmark", "--resume", "mine", "--name", "other"]) == 2
     assert "--name and --resume both name the benchmark run" in capsys.readouterr().err
     assert len(calls) == 4
+
+
+def test_the_benchmark_shards_its_questions_over_two_cpu_processes_and_merges_them(tmp_path):
+    """`torchrun --nproc_per_node 2` (gloo on CPU; `accelerate launch` on GPUs): each process answers every other
+    question into shard files, and the first merges them and writes the one report."""
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
+               "-m", "eagle_mdsd.cli", "benchmark", "--methods", "baseline,eagle", "--temperatures", "0",
+               "--trees", "chain2", "--questions", "4", "--max-new-tokens", "4", "--answers", str(tmp_path),
+               "--out", str(tmp_path), "--name", "sharded"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600,
+                          env=os.environ | {"OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    files = sorted((tmp_path / "sharded").glob("*.jsonl"))
+    assert len(files) == 2 and not any("shard" in f.name for f in files)  # merged, shards gone
+    for path in files:
+        ids = [row["question_id"] for row in bench.read_rows(path)]
+        assert len(ids) == 4 and ids == sorted(ids)
+    assert (tmp_path / "sharded.md").exists() and done.stdout.count("wrote ") == 1  # one report, by the first
 
 
 def test_goals_compare_eagle_with_the_peers():
