@@ -75,6 +75,6 @@ print("data: the answer tokens rank " + ("exactly as in the shipped head's train
       if differ is None else
       f"otherwise than in the shipped head's training data (draft_vocab.json), from rank {differ} on"))
 print(f"rerun against the shipped head: tau {rerun:.2f} against {shipped:.2f}, teacher-forced MT-Bench top-1 "
-      f"{top1['rerun']:.3f} against {top1['shipped']:.3f}: {'within' if within else 'outside'} the README's "
+      f"{top1['rerun']:.3f} against {top1['shipped']:.3f}: {'within' if within else 'outside'} docs/training.md's "
       f"tolerance (tau +-0.05, top-1 +-0.02); per question: {run}/compare.md")
 EOF

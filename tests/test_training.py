@@ -662,7 +662,7 @@ def _options(words: list[str]) -> dict[str, list[str]]:
      "tau 2.74 against 2.74, teacher-forced MT-Bench top-1 0.559 against 0.559: within")])
 def test_the_reproduction_script_runs_the_readmes_recipe_and_judges_the_tolerance(tmp_path, rerun_answers,
                                                                                     rerun_top1, swapped, verdict):
-    """scripts/reproduce_head.sh runs the README's one-recipe commands (option for option; each stage resumes by
+    """scripts/reproduce_head.sh runs docs/training.md's recipe commands (option for option; each stage resumes by
     itself) and judges the rerun against the shipped head: here on answer files of two heads measured
     2026-11-24 and 2026-11-26 (the shipped head's, the one recipe's and the two lengthened ones'), standing in for the
     bench runs."""
@@ -698,8 +698,8 @@ esac
              else "exactly as in the shipped head's training data") in done.stdout)
 
     calls = [line.split()[2:] for line in (tmp_path / "calls").read_text().splitlines()]  # after -m eagle_mdsd.cli
-    readme = (root / "README.md").read_text().replace("runs/repro", str(run))
-    documented = [line.split()[1:] for line in readme.splitlines() if line.strip().startswith("eagle-mdsd train-head")]
+    recipe = (root / "docs" / "training.md").read_text().replace("runs/repro", str(run))
+    documented = [line.split()[1:] for line in recipe.splitlines() if line.strip().startswith("eagle-mdsd train-head")]
     for seed in range(2, 11):
         for stage in ("prompts", "data"):
             loop = next(words for words in documented if words[1:2] == [stage] and "self$S" in " ".join(words))
