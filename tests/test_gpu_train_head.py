@@ -32,7 +32,9 @@ def test_the_gpu_head_script_runs_every_stage_and_packs_its_results(tmp_path):
                         "PYTHON": sys.executable, "BASE_MODEL": str(models.cache_dir() / "smollm2-135m-instruct"),
                         "PROMPTS_ARCHIVE": str(archive), "SELF_PROMPTS": "6", "PROMPTS_BATCH": "6",
                         "MAX_PROMPTS": "8", "MAX_NEW_TOKENS": "8", "DATA_BATCH": "4", "SHARD_SIZE": "4",
-                        "TOKENS_PER_BATCH": "256", "DRAFT_VOCAB": "64"}
+                        "TOKENS_PER_BATCH": "256", "DRAFT_VOCAB": "64",
+                        # a busy machine must not cut a stage short: the limits are the GPU call's
+                        "PROMPTS_MINUTES": "10", "DATA_MINUTES": "10", "TRAIN_MINUTES": "10"}
     done = subprocess.run(["bash", "scripts/gpu_train_head.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
