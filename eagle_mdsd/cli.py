@@ -377,10 +377,9 @@ def _run_name(args, kind: str) -> str:
             if not folder.is_dir():
                 raise ValueError(f"--resume {args.resume}: no run folder there nor under {answers}: give the name "
                                  f"of a run under {answers} or the path of its folder")
-            args.answers = str(folder.parent)
-            if args.out == args.answers_default:
+            if args.out == args.answers:  # the report stays beside the answers, as for a fresh run
                 args.out = str(folder.parent)
-            return folder.name
+            args.answers = str(folder.parent)
         return folder.name
     stamp = datetime.datetime.now()
     name = args.name or f"{stamp:%Y-%m-%d}_{socket.gethostname()}_{stamp:%H%M%S}"
@@ -539,7 +538,6 @@ def _add_run_options(parser, kind: str) -> None:
     parser.add_argument("--out", default=f"runs/{kind}", help=f"folder of the report (default runs/{kind}; a "
                                                                f"published run: evaluation/results)")
     parser.add_argument("--answers", default=f"runs/{kind}", help=f"folder of the run folders (default runs/{kind})")
-    parser.set_defaults(answers_default=f"runs/{kind}")
 
 
 def build_parser() -> argparse.ArgumentParser:

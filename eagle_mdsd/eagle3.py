@@ -133,7 +133,7 @@ def config_for(raw: dict):
     return config
 
 
-def load(folder: Path, raw: dict, state: dict, target, source: str) -> Eagle3Head:
+def load(raw: dict, state: dict, target, source: str) -> Eagle3Head:
     """An EAGLE-3 head for `target` from its config and weights; one-line errors name what does not fit."""
     for field in ("hidden_size", "vocab_size", "num_attention_heads", "intermediate_size"):
         if raw.get(field) is None:

@@ -141,7 +141,7 @@ def load_head(spec: str, target):
     from . import eagle3
 
     if eagle3.is_eagle3(raw):
-        return eagle3.load(folder, raw, _read_weights(folder), target, str(spec))
+        return eagle3.load(raw, _read_weights(folder), target, str(spec))
     bias = bool(raw.pop("bias", True))
     config = LlamaConfig(**{k: v for k, v in raw.items() if k not in ("architectures",)})
     check_fits(config, target.config, str(spec))
