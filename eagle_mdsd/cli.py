@@ -223,7 +223,7 @@ STAGE_OPTIONS = {
     "prompts": {"count", "openers", "batch_size", "seed", "dtype", "device", "max_minutes"},
     "data": {"prompts", "max_prompts", "max_new_tokens", "batch_size", "shard_size", "mix_reference",
              "data_temperature", "sort_by_length", "no_features", "seed", "dtype", "device", "max_minutes"},
-    "train": {"data_from", "unroll", "token_weight", "token_loss", "train_draft_vocab", "init_from", "epochs", "lr",
+    "train": {"data_from", "format", "unroll", "token_weight", "token_loss", "train_draft_vocab", "init_from", "epochs", "lr",
               "tokens_per_batch", "seed", "device", "max_minutes"},
     "export": {"export_to", "eagle1_format"},
     "evaluate": {"export_to"},
@@ -264,7 +264,8 @@ def cmd_train_head(args) -> None:
     train_recipe = training.TrainRecipe(epochs=args.epochs, lr=args.lr, tokens_per_batch=args.tokens_per_batch,
                                         seed=args.seed, data_from=args.data_from, unroll=args.unroll,
                                         init_from=args.init_from, token_weight=args.token_weight,
-                                        draft_vocab=args.train_draft_vocab, token_loss=args.token_loss)
+                                        draft_vocab=args.train_draft_vocab, token_loss=args.token_loss,
+                                        format=args.format)
     if args.stage == "prompts":
         path = training.self_prompts(out, args.count, args.base_model, args.dtype, batch_size=args.batch_size or 64,
                                      seed=args.seed, max_minutes=args.max_minutes, openers=_openers(args.openers),
@@ -582,7 +583,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "says so): eagerly")
     greedy.add_argument("--out", default="runs/check-greedy")
     greedy.set_defaults(fn=cmd_check_greedy)
-    train = sub.add_parser("train-head", help="train an EAGLE-1 head: data, train and export stages (resumable)")
+    train = sub.add_parser("train-head", help="train an EAGLE-1 or EAGLE-3 head: data, train and export stages (resumable)")
     train.add_argument("stage", choices=["prompts", "data", "train", "export", "all", "evaluate"])
     train.add_argument("--run", default="runs/smollm2-head", help="folder for shards, checkpoint and exports")
     train.add_argument("--base-model", default=None)
@@ -594,6 +595,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "with line b (cycling), steering the kind of task the target writes")
     train.add_argument("--data-from", nargs="*", default=[],
                        help="train stage: other runs whose data shards are trained on too")
+    train.add_argument("--format", choices=["eagle1", "eagle3"], default="eagle1",
+                       help="train stage: eagle1 (EAGLE-1's head and loss, default) or eagle3 (EAGLE-3's head over "
+                            "three target layers, the token loss alone over --draft-vocab, exported in the "
+                            "released layout)")
     train.add_argument("--unroll", type=int, default=1,
                        help="train stage: draft depths trained on the head's own predictions (1: EAGLE-1's loss)")
     train.add_argument("--token-weight", type=float, default=0.1,

@@ -1,4 +1,4 @@
-"""Training EAGLE-1 heads: data, train and export stages, each resumable.
+"""Training EAGLE-1 and EAGLE-3 heads: data, train and export stages, each resumable.
 
 0. prompts (optional): the target writes instructions itself - sampled
    from its chat template right after the user-turn header, as Magpie
@@ -16,8 +16,13 @@
    the target's, U(-0.1, 0.1) noise on input features, AdamW (0.9, 0.95),
    gradient clipping 0.5.  Checkpoints every `save_every` steps and at the
    end of a time budget; a rerun continues from the last one.
+   EAGLE-3 (`format="eagle3"`, eagle3.py): the head reads three target layers'
+   hidden states, is trained on its own outputs at every draft depth (the
+   training-time test, `unroll` passes) with the token loss alone, over its
+   draft vocabulary; no feature term, no input noise.
 3. export: the EAGLE-1 format (with the embedding copy) and a compact form
-   (fp16 safetensors without it), which `head.load_head` reads alike.
+   (fp16 safetensors without it), which `head.load_head` reads alike; an
+   EAGLE-3 head in the released layout (eagle3.save).
 """
 
 from __future__ import annotations
@@ -35,8 +40,11 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from . import eagle3
 from . import head as head_module
 from . import jsonl, models, questions
+
+FORMATS = ("eagle1", "eagle3")
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "train_prompts"
 
@@ -198,16 +206,31 @@ def self_prompts(out_dir: Path, count: int, base_model=None, dtype: str = "bfloa
 # -- stage 1: data -------------------------------------------------------------------------
 
 
-def _features(target, sequences: list[list[int]], pad_id: int) -> list[torch.Tensor]:
-    """The target's final-norm hidden states for each sequence (right-padded batch)."""
+def _right_padded(sequences, pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, attention mask) [B, L] of token sequences, right-padded with `pad_id`."""
     length = max(len(s) for s in sequences)
     ids = torch.full((len(sequences), length), pad_id, dtype=torch.long)
     mask = torch.zeros(len(sequences), length, dtype=torch.long)
     for row, seq in enumerate(sequences):
-        ids[row, : len(seq)] = torch.tensor(seq)
+        ids[row, : len(seq)] = torch.as_tensor(seq)
         mask[row, : len(seq)] = 1
-    out = target.get_decoder()(input_ids=ids.to(target.device), attention_mask=mask.to(target.device))
-    return [out.last_hidden_state[row, : len(seq)].to("cpu", torch.bfloat16) for row, seq in enumerate(sequences)]
+    return ids.to(device), mask.to(device)
+
+
+def target_features(target, ids, mask=None, layers=None) -> torch.Tensor:
+    """The target's features [B, L, W]: its final-norm hidden states (W = H), then for an EAGLE-3 head the
+    hidden states of its three `layers` (W = 4H), as the decoder reads them (engine.Decoder.target_forward)."""
+    out = target.get_decoder()(input_ids=ids, attention_mask=mask, output_hidden_states=layers is not None)
+    if layers is None:
+        return out.last_hidden_state
+    return torch.cat([out.last_hidden_state, *(out.hidden_states[i] for i in layers)], -1)
+
+
+def _features(target, sequences: list[list[int]], pad_id: int, layers=None) -> list[torch.Tensor]:
+    """`target_features` of each sequence (one right-padded batch), in bf16 on the CPU."""
+    ids, mask = _right_padded(sequences, pad_id, target.device)
+    out = target_features(target, ids, mask, layers)
+    return [out[row, : len(seq)].to("cpu", torch.bfloat16) for row, seq in enumerate(sequences)]
 
 
 def _generate(target, prompts: list[list[int]], max_new_tokens: int, pad_id: int, temperature: float = 0.0,
@@ -374,8 +397,7 @@ def _batches(shards: list[Path], tokens_per_batch: int, rng: random.Random):
     for shard in order:
         samples = torch.load(shard, weights_only=True)
         for sample in samples:
-            if "features" not in sample:
-                sample["shard"] = shard  # its features come from the target its data stage ran
+            sample["shard"] = shard  # computed features come from the target its data stage ran
         rng.shuffle(samples)
         batch, tokens = [], 0
         for sample in samples:
@@ -390,19 +412,31 @@ def _batches(shards: list[Path], tokens_per_batch: int, rng: random.Random):
             yield batch
 
 
-def _fill_features(batch, feature_target) -> None:
-    """Give the samples of a batch that came without features (data made with --no-features) the target's
-    final-norm hidden states, computed in one forward on the target's device (`feature_target(shard)` gives the
-    target in the dtype that shard's data stage ran in)."""
-    missing = [s for s in batch if "features" not in s]
+def _training_batch(batch, feature_target, hidden: int, device, layers=None):
+    """A batch's `_collate` tensors on `device`.  Samples without stored features (data made with --no-features)
+    or trained for an EAGLE-3 head (`layers`: it reads three layers the data stage does not store) get the
+    target's features, computed on the device (`feature_target(shard)`: the target in the dtype that shard's
+    data stage ran in) and rounded to bf16 as stored ones are."""
+    computed = [s for s in batch if layers is not None or "features" not in s]
     by_target = collections.defaultdict(list)
-    for sample in missing:
+    for sample in computed:
         by_target[feature_target(sample["shard"])].append(sample)
+    if len(computed) == len(batch) and len(by_target) == 1:  # the whole batch in one forward, collated in place
+        (target, samples), = by_target.items()
+        ids, attention = _right_padded([s["ids"] for s in samples], 0, device)
+        with torch.no_grad():
+            features = target_features(target, ids, attention, layers).to(torch.bfloat16).float()
+        lengths = attention.sum(1, keepdim=True) - 1
+        starts = torch.tensor([max(s["start"] - 1, 0) for s in samples], device=device)[:, None]
+        index = torch.arange(ids.shape[1] - 1, device=device)[None]
+        return features[:, :-1], ids[:, 1:], features[:, 1:], (index >= starts) & (index < lengths)
     for target, samples in by_target.items():
-        with torch.inference_mode():
-            features = _features(target, [s["ids"].tolist() for s in samples], pad_id=0)  # masked, right-padded
+        with torch.no_grad():
+            features = _features(target, [s["ids"].tolist() for s in samples], 0, layers)  # masked, right-padded
         for sample, feature in zip(samples, features):
             sample["features"] = feature
+    width = hidden if layers is None else 4 * hidden
+    return tuple(t.to(device) for t in _collate(batch, width))
 
 
 def _collate(batch, hidden: int):
@@ -438,7 +472,7 @@ def unrolled_predictions(draft_head, features, embedded, unroll: int = 1) -> lis
     """The head's predicted features [B, T, H] of passes 1..unroll over (f_i, x_{i+1}) pairs.
 
     Pass 1 reads the true features; pass r reads pass r - 1's predictions shifted by one position (the
-    input at position i is its prediction of f_i) and attends, through the cached keys of the earlier
+    input at position i is its prediction of f_i, or for an EAGLE-3 head its output there) and attends, through the cached keys of the earlier
     passes, to what the decoder's head sees at draft depth r: the true pairs and one entry per earlier
     depth on the path.  Position 0 of pass r > 1 has no such input and must not be scored.
     """
@@ -454,8 +488,10 @@ def unrolled_predictions(draft_head, features, embedded, unroll: int = 1) -> lis
         visible = _unrolled_mask(length, step).to(features.device)
         attention = additive_mask(visible, torch.float32).to(features.dtype).expand(batch, -1, -1, -1)
         passes.append(draft_head(inputs, embedded, positions, attention, cache))
-        if step < unroll:
-            inputs = torch.cat([features[:, :1], passes[-1][:, :-1]], 1)
+        if step < unroll:  # (position 0, never scored, reads the true feature, or zeros at another width)
+            first = features[:, :1] if features.shape[-1] == passes[-1].shape[-1] else \
+                torch.zeros_like(passes[-1][:, :1])
+            inputs = torch.cat([first, passes[-1][:, :-1]], 1)
     return passes
 
 
@@ -477,9 +513,15 @@ def head_loss(draft_head, embed, lm_head, features, tokens, targets, mask, noise
     unroll = 1 is EAGLE-1's recipe.  unroll = s > 1 also trains the head on its own predictions, as it is
     used at draft depths 2..s (HASS, Zhang et al. 2025; EAGLE-3's training-time test); pass r's loss is
     weighted 0.8^(r-1).
+
+    An EAGLE-3 head (eagle3.Eagle3Head) is scored by the token term alone (weight 1), its own logits over its
+    draft vocabulary against the target's p there (`lm_head` gives the target's logits over those tokens in
+    draft-id order); features are [final | three layers] (4H), targets' final part gives p; no input noise.
     """
     if token_loss not in TOKEN_LOSSES:
         raise ValueError(f"unknown token loss {token_loss!r}: use ce, tv or top1")
+    if isinstance(draft_head, eagle3.Eagle3Head):
+        return _eagle3_loss(draft_head, embed, lm_head, features, tokens, targets, mask, unroll, token_loss)
     if noise:
         features = features + (torch.rand_like(features) * 2 - 1) * noise
     passes = unrolled_predictions(draft_head, features, embed(tokens).to(features.dtype), unroll)
@@ -496,6 +538,36 @@ def head_loss(draft_head, embed, lm_head, features, tokens, targets, mask, noise
         if step == 1:
             accuracy = float((head_logp.argmax(-1) == target_probs.argmax(-1)).float().mean())
     return total, accuracy
+
+
+def _eagle3_loss(draft_head, embed, lm_head, features, tokens, targets, mask, unroll: int, token_loss: str):
+    """`head_loss` of an EAGLE-3 head: sum over passes r of 0.8^(r-1) x the mean token term."""
+    passes = unrolled_predictions(draft_head, features, embed(tokens).to(features.dtype), unroll)
+    with torch.no_grad():
+        target_probs = torch.softmax(lm_head(targets[mask][..., : draft_head.target_hidden]).float(), -1)
+    total, accuracy = 0.0, 0.0
+    for step, predicted in enumerate(passes, start=1):
+        kept = mask & (torch.arange(mask.shape[1], device=mask.device) >= step - 1)
+        head_logp = torch.log_softmax(draft_head.logits(predicted[kept]).float(), -1)
+        p = target_probs[kept[mask]]
+        total = total + 0.8 ** (step - 1) * TOKEN_LOSSES[token_loss](p, head_logp).mean()
+        if step == 1:
+            accuracy = float((head_logp.argmax(-1) == p.argmax(-1)).float().mean())
+    return total, accuracy
+
+
+def new_eagle3_head(target, rows: torch.Tensor, seed: int = 0) -> eagle3.Eagle3Head:
+    """A float32 EAGLE-3 head to train for `target`, drafting over the target tokens `rows` (sorted): random
+    layers (eagle3.random_head's), d2t/t2d for those tokens, and lm_head started from the target's output rows
+    for them (its input is normed, as the target's final features are)."""
+    draft_head = eagle3.random_head(target, len(rows), seed).float()
+    rows = rows.to(draft_head.d2t.device)
+    draft_head.d2t.copy_(rows - torch.arange(len(rows), device=rows.device))
+    draft_head.t2d.zero_()
+    draft_head.t2d[rows] = True
+    with torch.no_grad():
+        draft_head.lm_head.weight.copy_(target.get_output_embeddings().weight[rows].float())
+    return draft_head.float()
 
 
 def draft_vocab_lm_head(lm_head, rows: torch.Tensor):
@@ -516,7 +588,9 @@ class TrainRecipe:
     EAGLE's cross-entropy; "tv": total variation, 1 - the acceptance rate of one sampled draft; "top1":
     cross-entropy against the target's most probable token) and token_weight weighs it against the feature term
     (EAGLE's 0.1); draft_vocab = N scores it over the N most frequent answer tokens of the data only (the ranking
-    `export` ships; None: the full vocabulary); data_from: other runs whose shards are trained on too."""
+    `export` ships; None: the full vocabulary); data_from: other runs whose shards are trained on too.
+    format "eagle3" trains an EAGLE-3 head (eagle3.py) by `_eagle3_loss`: unroll passes of the token term alone
+    (token_weight does not apply), over the draft_vocab most frequent answer tokens, which become its vocabulary."""
 
     epochs: float = 1.0
     lr: float = 5e-4
@@ -529,11 +603,12 @@ class TrainRecipe:
     draft_vocab: int | None = None
     token_loss: str = "ce"
     bf16: bool = True
+    format: str = "eagle1"
 
     # The options a resumed run must share with its checkpoint (`saved`), as older checkpoints that did not record
     # one were trained.
     CHECKPOINT_DEFAULTS = {"seed": 0, "data_from": [], "unroll": 1, "init_from": None, "token_weight": 0.1,
-                        "draft_vocab": "full", "token_loss": "ce"}
+                        "draft_vocab": "full", "token_loss": "ce", "format": "eagle1"}
 
     def __post_init__(self):
         if self.draft_vocab is not None and self.draft_vocab < 1:
@@ -544,6 +619,11 @@ class TrainRecipe:
             raise ValueError(f"--token-weight is {self.token_weight}: pass 0 or more (EAGLE's recipe: 0.1)")
         if self.token_loss not in TOKEN_LOSSES:
             raise ValueError(f"--token-loss is {self.token_loss!r}: pass ce (EAGLE's cross-entropy), tv or top1")
+        if self.format not in FORMATS:
+            raise ValueError(f"--format is {self.format!r}: pass eagle1 or eagle3")
+        if self.format == "eagle3" and self.token_weight != 0.1:
+            raise ValueError(f"--token-weight {self.token_weight} weighs EAGLE-1's feature term, which an EAGLE-3 "
+                             f"head does not have: leave it out with --format eagle3")
         object.__setattr__(self, "data_from", tuple(str(Path(run)) for run in self.data_from))
         object.__setattr__(self, "init_from", str(Path(self.init_from)) if self.init_from else None)
 
@@ -552,7 +632,7 @@ class TrainRecipe:
         return {"seed": self.seed, "data_from": list(self.data_from), "unroll": self.unroll,
                 "init_from": self.init_from, "token_weight": self.token_weight,
                 "draft_vocab": "full" if self.draft_vocab is None else self.draft_vocab,
-                "token_loss": self.token_loss}
+                "token_loss": self.token_loss, "format": self.format}
 
 
 def train(out_dir: Path, recipe: TrainRecipe = TrainRecipe(), base_model=None, device: str = "cpu",
@@ -566,12 +646,28 @@ def train(out_dir: Path, recipe: TrainRecipe = TrainRecipe(), base_model=None, d
     for parameter in target.parameters():
         parameter.requires_grad_(False)
     embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
+    rows = torch.arange(target.config.vocab_size, device=device)
     if recipe.draft_vocab is not None and recipe.draft_vocab < target.config.vocab_size:
-        rows = rank_tokens(shards, target.config.vocab_size)[: recipe.draft_vocab]
-        lm_head = draft_vocab_lm_head(lm_head, torch.tensor(sorted(rows), device=device))
-    draft_head = head_module.random_head(target, recipe.seed).float().train()
+        rows = torch.tensor(sorted(rank_tokens(shards, target.config.vocab_size)[: recipe.draft_vocab]),
+                            device=device)
+        lm_head = draft_vocab_lm_head(lm_head, rows)
+    layers = None
+    if recipe.format == "eagle3":
+        draft_head = new_eagle3_head(target, rows, recipe.seed).train()
+        layers = draft_head.feature_layers
+        if max(layers) > target.config.num_hidden_layers or min(layers) < 1:
+            raise ValueError(f"--format eagle3 reads the target's layers {layers}; the base model has "
+                             f"{target.config.num_hidden_layers}: EAGLE-3 needs a target of 4 layers or more")
+    else:
+        draft_head = head_module.random_head(target, recipe.seed).float().train()
     if recipe.init_from:
-        draft_head.load_state_dict(_trained_weights(Path(recipe.init_from), target))
+        weights = _trained_weights(Path(recipe.init_from), target)
+        d2t = weights.get("d2t")
+        if layers is not None and (d2t is None or not torch.equal(torch.arange(len(d2t)) + d2t.cpu(), rows.cpu())):
+            raise ValueError(f"--init-from {recipe.init_from} is no EAGLE-3 head that drafts over the --draft-vocab "
+                             f"{recipe.draft_vocab or 'full'} of this data: pass the --draft-vocab and data it "
+                             f"was trained with")
+        draft_head.load_state_dict(weights)
     optimizer = torch.optim.AdamW(draft_head.parameters(), lr=recipe.lr, betas=(0.9, 0.95), weight_decay=0.0)
     checkpoint = out_dir / "checkpoint.pt"
     state = {"step": 0, "epoch": 0, "batch_in_epoch": 0, **recipe.saved(), "log": []}
@@ -621,9 +717,9 @@ def train(out_dir: Path, recipe: TrainRecipe = TrainRecipe(), base_model=None, d
             for group in optimizer.param_groups:  # linear warm-up, cosine decay
                 warm = min(1.0, (state["step"] + 1) / 50)
                 group["lr"] = recipe.lr * warm * 0.5 * (1 + math.cos(math.pi * state["step"] / total_steps))
-            _fill_features(batch, feature_target)
             tokens_seen += sum(len(sample["ids"]) for sample in batch)
-            features, tokens, targets, mask = (t.to(device) for t in _collate(batch, target.config.hidden_size))
+            features, tokens, targets, mask = _training_batch(batch, feature_target, target.config.hidden_size,
+                                                              device, layers)
             with torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16, enabled=recipe.bf16):
                 loss, accuracy = head_loss(draft_head, embed, lm_head, features, tokens, targets, mask,
                                            unroll=recipe.unroll, token_weight=recipe.token_weight,
@@ -681,20 +777,28 @@ def depth1_scores(draft_head, target, sample: dict, rows: torch.Tensor | None = 
     draft vocabulary, 0 outside; None: the whole vocabulary)."""
     from .engine import additive_mask
 
-    inputs, tokens, targets, mask = _collate([sample], target.config.hidden_size)
+    hidden = target.config.hidden_size
+    inputs, tokens, targets, mask = _collate([sample], sample["features"].shape[-1])
     length, dtype = inputs.shape[1], next(draft_head.parameters()).dtype
     attention = additive_mask(torch.ones(length, length, dtype=torch.bool).tril(), dtype)
     with torch.inference_mode():
         predicted = draft_head(inputs.to(dtype), target.get_input_embeddings()(tokens).to(dtype),
                                torch.arange(1, length + 1)[None], attention, None)[mask]
         lm_head = target.get_output_embeddings()
-        predicted = predicted.to(lm_head.weight.dtype)
-        truth = lm_head(targets[mask].to(lm_head.weight.dtype)).float()
-        weight = lm_head.weight if rows is None else lm_head.weight[rows]
-        q = torch.softmax(torch.nn.functional.linear(predicted, weight).float(), -1)
+        truth = lm_head(targets[mask][..., :hidden].to(lm_head.weight.dtype)).float()
         p = torch.softmax(truth, -1)
+        if isinstance(draft_head, eagle3.Eagle3Head):  # q over its own vocabulary, as the decoder drafts
+            rows = draft_head.target_ids()
+            logits = draft_head.logits(predicted).float()
+            drafted = rows[logits.argmax(-1)]
+        else:
+            predicted = predicted.to(lm_head.weight.dtype)
+            weight = lm_head.weight if rows is None else lm_head.weight[rows]
+            logits = torch.nn.functional.linear(predicted, weight).float()
+            drafted = lm_head(predicted).argmax(-1)
+        q = torch.softmax(logits, -1)
         p = p if rows is None else p[:, rows]
-        hits = int((lm_head(predicted).argmax(-1) == truth.argmax(-1)).sum())
+        hits = int((drafted == truth.argmax(-1)).sum())
     return hits, float(torch.minimum(p, q).sum()), len(truth)
 
 
@@ -705,12 +809,13 @@ def teacher_forced(draft_head, target, tokenizer, prompts: list[str], max_new_to
 
     size = resolve_draft_vocab(draft_head, "auto")
     rows = None if size is None else torch.tensor(sorted(draft_head.draft_vocab[:size]))
+    layers = getattr(draft_head, "feature_layers", None)
     hits = accepted = total = 0
     for prompt in prompts:
         ids = models.chat_prompt_ids(tokenizer, prompt)
         with torch.inference_mode():
             sequence = target.generate(torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False)[0]
-            features = target.get_decoder()(sequence[None]).last_hidden_state[0]
+            features = target_features(target, sequence[None], layers=layers)[0]
         scores = depth1_scores(draft_head, target, {"ids": sequence, "start": len(ids), "features": features}, rows)
         hits, accepted, total = hits + scores[0], accepted + scores[1], total + scores[2]
     return hits / max(total, 1), accepted / max(total, 1)
@@ -788,7 +893,8 @@ def rank_tokens(shards: list[Path], vocab_size: int) -> list[int]:
 def export(out_dir: Path, destination: Path, base_model=None, compact: bool = True) -> Path:
     """Write the trained head: compact (fp16 safetensors, no embedding) or the full EAGLE-1 format.
 
-    Both carry draft_vocab.json, the answer tokens of the training data ranked by frequency.
+    Both carry draft_vocab.json, the answer tokens of the training data ranked by frequency.  An EAGLE-3 head
+    is written in its released layout (bf16 safetensors; its draft vocabulary is d2t/t2d).
     """
     checkpoint = Path(out_dir) / "checkpoint.pt"
     if not checkpoint.exists():
@@ -796,6 +902,13 @@ def export(out_dir: Path, destination: Path, base_model=None, compact: bool = Tr
                                 f"first")
     saved = torch.load(checkpoint, weights_only=False)
     target, _ = models.load_target(base_model, torch.float32)
+    if saved["state"].get("format", "eagle1") == "eagle3":
+        if not compact:
+            raise ValueError(f"--eagle1-format writes EAGLE-1's layout, but {out_dir} trained an EAGLE-3 head: "
+                             f"leave it out (the head is written in EAGLE-3's released layout)")
+        draft_head = eagle3.random_head(target, saved["head"]["lm_head.weight"].shape[0]).float()
+        draft_head.load_state_dict(saved["head"])
+        return eagle3.save(draft_head.to(torch.bfloat16), destination)
     draft_head = head_module.random_head(target).float()
     draft_head.load_state_dict(saved["head"])
     shards = data_shards(out_dir, saved["state"].get("data_from", []))

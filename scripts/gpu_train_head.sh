@@ -1,20 +1,29 @@
 #!/usr/bin/env bash
-# The embedded default's head trained on GPU-scale data, in one call of the device tool: the target writes its
-# own prompts and answers them on the GPU, the head trains there, and the head, the logs and the data's token ids
-# come back under $OUT.  .gpu/ (scripts/gpu_bundle.sh, carried in parts) brings the wheels, the model and the
-# shared prompt files.
+# The embedded default's heads trained on GPU-scale data, in device-tool calls: the target writes its own prompts
+# and answers them on the GPU, an EAGLE-1 and an EAGLE-3 head train there, and the heads, the logs and the data's
+# token ids come back under $OUT.  .gpu/ (scripts/gpu_bundle.sh, carried in parts) brings the wheels, the model and
+# the shared prompt files.  STAGES (default "data train") splits the work into calls on one warm machine.
 #
-#  1. `train-head prompts`: SELF_PROMPTS (default 90000) self-written prompts, PROMPTS_BATCH (default 2048) a
-#     batch, at most PROMPTS_MINUTES (default 1.5);
+# data:
+#  0. PREVIOUS_DATA (optional): a data.tar.xz an earlier call brought back (its parts joined); its prompts and
+#     answers are put back as that run's shards, so the data stage below answers only the prompts it had not;
+#  1. `train-head prompts` (without PREVIOUS_DATA): SELF_PROMPTS (default 90000) self-written prompts,
+#     PROMPTS_BATCH (default 2048) a batch, at most PROMPTS_MINUTES (default 1.5);
 #  2. `train-head data`: the target's greedy answers, 128 tokens, to those and to the shared prompt files, token ids
 #     only (--no-features: the train stage computes the features on the GPU), batches of DATA_BATCH (default 2048)
-#     sorted by length within shards of 8192, at most DATA_MINUTES (default 2);
-#  3. `train-head train`: from the shipped head (INIT_FROM; "none" starts from a random head), EPOCHS (default 1)
-#     at lr 3e-4, 32768 tokens a batch, the draft vocabulary's 8192 tokens, at most TRAIN_MINUTES (default 1.5);
-#  4. export, then $OUT: machine.txt, train_head.log (each stage prints its answers/s or training tokens/s, which
-#     size the next call), summary.json (counts, the loss and top-1 by step), head.tgz (the exported head) and
-#     data.tar.xz.NN (or .gz.NN; the self-written prompts and every answer's token ids, in parts of 15 MiB, when they fit in
-#     four parts).
+#     sorted by length within shards of SHARD_SIZE (default 8192), at most DATA_MINUTES (default 2);
+#  3. MORE_PROMPTS (default 0) more self-written prompts of seed 1 in RUN/more (at most MORE_PROMPTS_MINUTES,
+#     default 1) and their answers (at most MORE_DATA_MINUTES, default 2);
+# train:
+#  4. `train-head train` on all of it: EAGLE-1 from the shipped head (INIT_FROM; "none": a random head), EPOCHS
+#     (default 1) at lr 3e-4, at most TRAIN_MINUTES (default 1.5); EAGLE-3 (`--format eagle3`, skipped when
+#     TRAIN3_MINUTES is 0) from a random head, EPOCHS3 (default 2) at lr 1e-3 with UNROLL3 (default 3) draft steps,
+#     at most TRAIN3_MINUTES (default 2); both TOKENS_PER_BATCH (default 32768) tokens a batch, the draft
+#     vocabulary's DRAFT_VOCAB (default 8192) tokens;
+#  5. export, then $OUT: machine.txt, train_head.log (each stage prints its answers/s or training tokens/s, which
+#     size the next call), summary.json (counts, the loss and top-1 by step of each head), head.tgz and head3.tgz
+#     (the exported heads), and data.tar.xz.NN (or .gz.NN; the self-written prompts and every answer's token ids,
+#     in parts of 15 MiB, when they fit in four parts).
 #
 #     bash scripts/gpu_bundle.sh   # here: prints the device calls, this script in the last
 #
@@ -27,8 +36,10 @@ python=${PYTHON:-python3}
 device=${DEVICE:-cuda}
 out=${OUT:?set OUT to the folder the results go to}
 run=${RUN:-/tmp/gpu-head}
+stages=${STAGES:-data train}
 shipped=eagle_mdsd/heads/smollm2-135m-instruct
 init=${INIT_FROM:-$shipped}
+shard_size=${SHARD_SIZE:-8192}
 
 # shellcheck source=scripts/gpu_site.sh
 source scripts/gpu_site.sh
@@ -44,52 +55,112 @@ tar xJf "$archive" -C "$run/train_prompts"
 export TQDM_MININTERVAL=${TQDM_MININTERVAL:-10}  # a progress line every 10 s in the log, not every batch
 model=()
 [ -z "${BASE_MODEL:-}" ] || model=(--base-model "$BASE_MODEL")
-cli() { "$python" -m eagle_mdsd.cli "$1" "$2" --run "$run" "${model[@]}" "${@:3}"; }
-init_args=()
-[ "$init" = none ] || init_args=(--init-from "$init")
+cli() { "$python" -m eagle_mdsd.cli "$1" "$2" "${model[@]}" "${@:3}"; }
+runs=("$run")
+[ "${MORE_PROMPTS:-0}" = 0 ] || runs+=("$run/more")
+
+restore() {  # PREVIOUS_DATA's prompts and answers, back as the shards of RUN's data stage
+  mkdir -p "$run/previous"
+  tar xJf "$PREVIOUS_DATA" -C "$run/previous"
+  cp "$run/previous/self_prompts.jsonl" "$run/self_prompts.jsonl"
+  "$python" - "$run" "$shard_size" <<'EOF'
+import json, sys
+from pathlib import Path
+import numpy, torch
+run, shard_size = Path(sys.argv[1]), int(sys.argv[2])
+saved = numpy.load(run / "previous" / "ids.npz")
+if "shard_sizes" not in saved:
+    sys.exit("PREVIOUS_DATA's ids.npz has no shard_sizes: it cannot be put back as the data stage's shards")
+ids = torch.from_numpy(saved["ids"].astype(numpy.int32))
+samples = [{"ids": s, "start": int(start)} for s, start in zip(ids.split(saved["lengths"].tolist()), saved["starts"])]
+(run / "data").mkdir(parents=True, exist_ok=True)
+first = 0
+for index, size in enumerate(saved["shard_sizes"].tolist()):
+    torch.save(samples[first : first + size], run / "data" / f"shard_{index:05d}.pt")
+    first += size
+(run / "data" / "prompts.json").write_text(json.dumps({"seed": 0, "shard_size": shard_size, "temperature": 0.0,
+                                                      "sort_by_length": True, "features": False}))
+print(f"put back {len(samples)} answers in {len(saved['shard_sizes'])} shards")
+EOF
+}
+
+answer() {  # RUN MINUTES PROMPTS...: the data stage
+  cli train-head data --run "$1" --prompts "${@:3}" ${MAX_PROMPTS:+--max-prompts "$MAX_PROMPTS"} \
+    --max-new-tokens "${MAX_NEW_TOKENS:-128}" --batch-size "${DATA_BATCH:-2048}" --shard-size "$shard_size" \
+    --sort-by-length --no-features --device "$device" --max-minutes "$2"
+}
+
 status=0
 {
   date -u +"start %FT%TZ"
-  cli train-head prompts --count "${SELF_PROMPTS:-90000}" --batch-size "${PROMPTS_BATCH:-2048}" \
-    --device "$device" --max-minutes "${PROMPTS_MINUTES:-1.5}"
-  date -u +"prompts done %FT%TZ"
-  cli train-head data --prompts "$run/self_prompts.jsonl" "$run/train_prompts" ${MAX_PROMPTS:+--max-prompts "$MAX_PROMPTS"} \
-    --max-new-tokens "${MAX_NEW_TOKENS:-128}" --batch-size "${DATA_BATCH:-2048}" --shard-size "${SHARD_SIZE:-8192}" \
-    --sort-by-length --no-features --device "$device" --max-minutes "${DATA_MINUTES:-2}"
-  date -u +"data done %FT%TZ"
-  cli train-head train "${init_args[@]}" --epochs "${EPOCHS:-1}" --lr 3e-4 \
-    --tokens-per-batch "${TOKENS_PER_BATCH:-32768}" --draft-vocab "${DRAFT_VOCAB:-8192}" --device "$device" \
-    --max-minutes "${TRAIN_MINUTES:-1.5}"
-  date -u +"train done %FT%TZ"
-  cli train-head export
+  if [[ " $stages " == *" data "* ]]; then
+    if [ -n "${PREVIOUS_DATA:-}" ]; then
+      [ -f "$run/data/shard_00000.pt" ] || restore
+    else
+      cli train-head prompts --run "$run" --count "${SELF_PROMPTS:-90000}" --batch-size "${PROMPTS_BATCH:-2048}" \
+        --device "$device" --max-minutes "${PROMPTS_MINUTES:-1.5}"
+    fi
+    date -u +"prompts done %FT%TZ"
+    answer "$run" "${DATA_MINUTES:-2}" "$run/self_prompts.jsonl" "$run/train_prompts"
+    date -u +"data done %FT%TZ"
+    if [ "${MORE_PROMPTS:-0}" != 0 ]; then
+      cli train-head prompts --run "$run/more" --count "$MORE_PROMPTS" --seed 1 \
+        --batch-size "${PROMPTS_BATCH:-2048}" --device "$device" --max-minutes "${MORE_PROMPTS_MINUTES:-1}"
+      answer "$run/more" "${MORE_DATA_MINUTES:-2}" "$run/more/self_prompts.jsonl"
+      date -u +"more data done %FT%TZ"
+    fi
+  fi
+  if [[ " $stages " == *" train "* ]]; then
+    common=(--data-from "${runs[@]}" --tokens-per-batch "${TOKENS_PER_BATCH:-32768}"
+            --draft-vocab "${DRAFT_VOCAB:-8192}" --device "$device")
+    init_args=()
+    [ "$init" = none ] || init_args=(--init-from "$init")
+    cli train-head train --run "$run/eagle1" "${init_args[@]}" --epochs "${EPOCHS:-1}" --lr 3e-4 "${common[@]}" \
+      --max-minutes "${TRAIN_MINUTES:-1.5}"
+    cli train-head export --run "$run/eagle1"
+    date -u +"eagle1 done %FT%TZ"
+    if [ "${TRAIN3_MINUTES:-2}" != 0 ]; then
+      cli train-head train --run "$run/eagle3" --format eagle3 --unroll "${UNROLL3:-3}" --epochs "${EPOCHS3:-2}" \
+        --lr 1e-3 "${common[@]}" --max-minutes "${TRAIN3_MINUTES:-2}"
+      cli train-head export --run "$run/eagle3"
+      date -u +"eagle3 done %FT%TZ"
+    fi
+  fi
 } 2>&1 | tee "$out/train_head.log" || status=$?
 
-"$python" - "$run" "$out" <<'EOF' || status=$?
+"$python" - "$out" "${runs[@]}" <<'EOF' || status=$?
 import json, sys
 from pathlib import Path
 import numpy, torch
 from eagle_mdsd import jsonl
-run, out = Path(sys.argv[1]), Path(sys.argv[2])
-shards = sorted((run / "data").glob("shard_*.pt"))
-samples = [s for shard in shards for s in torch.load(shard, weights_only=True)]
-summary = {"self_prompts": len(jsonl.records(run / "self_prompts.jsonl")) if (run / "self_prompts.jsonl").exists() else 0,
-           "answers": len(samples), "answer_tokens": sum(len(s["ids"]) - s["start"] for s in samples),
-           "tokens": sum(len(s["ids"]) for s in samples), "shards": len(shards)}
-if (run / "checkpoint.pt").exists():
-    state = torch.load(run / "checkpoint.pt", weights_only=False)["state"]
-    summary |= {"steps": state["step"], "epochs_done": state["epoch"], "train_s": state.get("wall_time_s"),
-                "log": state["log"]}
+out, runs = Path(sys.argv[1]), [Path(r) for r in sys.argv[2:]]
+run = runs[0]
+counts = {str(r): len(list((r / "data").glob("shard_*.pt"))) for r in runs}
+samples = [[s for shard in sorted((r / "data").glob("shard_*.pt")) for s in torch.load(shard, weights_only=True)]
+           for r in runs]
+summary = {"self_prompts": sum(len(jsonl.records(r / "self_prompts.jsonl")) for r in runs
+                               if (r / "self_prompts.jsonl").exists()),
+           "answers": sum(map(len, samples)), "answer_tokens": sum(len(s["ids"]) - s["start"] for x in samples for s in x),
+           "tokens": sum(len(s["ids"]) for x in samples for s in x), "shards": sum(counts.values())}
+for name in ("eagle1", "eagle3"):
+    if (run / name / "checkpoint.pt").exists():
+        state = torch.load(run / name / "checkpoint.pt", weights_only=False)["state"]
+        summary[name] = {"steps": state["step"], "epochs_done": state["epoch"], "train_s": state.get("wall_time_s"),
+                         "log": state["log"]}
 (out / "summary.json").write_text(json.dumps(summary))
-if samples:  # every sample's ids (uint16 when the vocabulary fits) and where its answer starts
-    ids = torch.cat([s["ids"] for s in samples]).numpy()
-    ids = ids.astype(numpy.uint16) if ids.max() < 2**16 else ids
-    numpy.savez(run / "ids.npz", ids=ids, lengths=numpy.array([len(s["ids"]) for s in samples], numpy.int32),
-                starts=numpy.array([s["start"] for s in samples], numpy.int32))
-print(json.dumps({k: v for k, v in summary.items() if k != "log"}))
+for r, kept in zip(runs, samples):  # every sample's ids (uint16 when the vocabulary fits), where its answer starts,
+    if kept:                        # and how many samples each shard holds
+        ids = torch.cat([s["ids"] for s in kept]).numpy()
+        ids = ids.astype(numpy.uint16) if ids.max() < 2**16 else ids
+        sizes = [len(torch.load(shard, weights_only=True)) for shard in sorted((r / "data").glob("shard_*.pt"))]
+        numpy.savez(r / "ids.npz", ids=ids, lengths=numpy.array([len(s["ids"]) for s in kept], numpy.int32),
+                    starts=numpy.array([s["start"] for s in kept], numpy.int32), shard_sizes=numpy.array(sizes))
+print(json.dumps({k: v for k, v in summary.items() if k not in ("eagle1", "eagle3")}))
 EOF
-if [ -d "$run/head" ]; then tar czf "$out/head.tgz" -C "$run" head; fi
+if [ -d "$run/eagle1/head" ]; then tar czf "$out/head.tgz" -C "$run/eagle1" head; fi
+if [ -d "$run/eagle3/head" ]; then tar czf "$out/head3.tgz" -C "$run/eagle3" head; fi
 packed=()
-for f in self_prompts.jsonl ids.npz; do [ -f "$run/$f" ] && packed+=("$f"); done
+for f in self_prompts.jsonl ids.npz more/self_prompts.jsonl more/ids.npz; do [ -f "$run/$f" ] && packed+=("$f"); done
 if [ ${#packed[@]} -gt 0 ]; then
   packer=(xz -T0 -6) suffix=xz
   command -v xz >/dev/null || packer=(gzip -6) suffix=gz
