@@ -224,7 +224,7 @@ STAGE_OPTIONS = {
     "data": {"prompts", "max_prompts", "max_new_tokens", "batch_size", "shard_size", "mix_reference",
              "data_temperature", "sort_by_length", "no_features", "seed", "dtype", "device", "max_minutes"},
     "train": {"data_from", "format", "unroll", "token_weight", "token_loss", "train_draft_vocab", "init_from", "epochs", "lr",
-              "tokens_per_batch", "seed", "device", "max_minutes"},
+              "tokens_per_batch", "seed", "device", "max_minutes", "schedule_minutes"},
     "export": {"export_to", "eagle1_format"},
     "evaluate": {"export_to"},
 }
@@ -277,7 +277,8 @@ def cmd_train_head(args) -> None:
                                     args.device)
         print(f"{len(shards)} data shards in {out / 'data'}")
     if args.stage in ("train", "all"):
-        state = training.train(out, train_recipe, args.base_model, args.device, args.max_minutes)
+        state = training.train(out, train_recipe, args.base_model, args.device, args.max_minutes,
+                               schedule_minutes=args.schedule_minutes)
         recent = state["log"][-20:]
         if recent:
             print(f"step {state['step']}: loss {sum(r['loss'] for r in recent) / len(recent):.4f}, "
@@ -632,6 +633,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--lr", type=_positive, default=5e-4)
     train.add_argument("--tokens-per-batch", type=_count(1), default=4096)
     train.add_argument("--max-minutes", type=_positive, default=None, help="stop (resumably) after this long")
+    train.add_argument("--schedule-minutes", type=_positive, default=None,
+                       help="train stage: the cosine decay of the learning rate ends after this many minutes of the "
+                            "call if the epochs have not ended it first, and training stops there (a run boxed in time)")
     train.add_argument("--device", default="cpu", help="prompts, data and train stages: cpu, or cuda on a GPU")
     train.add_argument("--seed", type=int, default=0,
                        help="train stage: the head's initialisation and batch order; prompts stage: the sampling; "

@@ -636,9 +636,11 @@ class TrainRecipe:
 
 
 def train(out_dir: Path, recipe: TrainRecipe = TrainRecipe(), base_model=None, device: str = "cpu",
-          max_minutes: float | None = None, save_every: int = 100) -> dict:
+          max_minutes: float | None = None, save_every: int = 100, schedule_minutes: float | None = None) -> dict:
     """Train (or resume) the run's head by `recipe`; checkpoints every `save_every` steps and when `max_minutes`
-    have passed, so a rerun continues where this one stopped."""
+    have passed, so a rerun continues where this one stopped.  The learning rate warms up over 50 steps and decays
+    on a cosine over the epochs; with `schedule_minutes`, over whichever ends first, the epochs or that many minutes
+    of this call (a run boxed in time, on a lent GPU, still ends at a learning rate of 0, and stops there)."""
     out_dir = Path(out_dir)
     shards = data_shards(out_dir, recipe.data_from)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -712,11 +714,14 @@ def train(out_dir: Path, recipe: TrainRecipe = TrainRecipe(), base_model=None, d
         for index, batch in enumerate(batches):
             if index < state["batch_in_epoch"]:
                 continue  # resume inside the epoch
-            if state["step"] >= total_steps or (deadline and time.monotonic() > deadline):
+            along = state["step"] / total_steps  # how far along the schedule
+            if schedule_minutes:
+                along = max(along, (time.monotonic() - started) / (60 * schedule_minutes))
+            if along >= 1 or (deadline and time.monotonic() > deadline):
                 break
             for group in optimizer.param_groups:  # linear warm-up, cosine decay
                 warm = min(1.0, (state["step"] + 1) / 50)
-                group["lr"] = recipe.lr * warm * 0.5 * (1 + math.cos(math.pi * state["step"] / total_steps))
+                group["lr"] = recipe.lr * warm * 0.5 * (1 + math.cos(math.pi * along))
             tokens_seen += sum(len(sample["ids"]) for sample in batch)
             features, tokens, targets, mask = _training_batch(batch, feature_target, target.config.hidden_size,
                                                               device, layers)

@@ -18,7 +18,8 @@
 #  4. `train-head train` on all of it: EAGLE-1 from the shipped head (INIT_FROM; "none": a random head), EPOCHS
 #     (default 1) at lr 3e-4, at most TRAIN_MINUTES (default 1.5); EAGLE-3 (`--format eagle3`, skipped when
 #     TRAIN3_MINUTES is 0) from a random head, EPOCHS3 (default 2) at lr 1e-3 with UNROLL3 (default 3) draft steps,
-#     at most TRAIN3_MINUTES (default 2); both TOKENS_PER_BATCH (default 32768) tokens a batch, the draft
+#     at most TRAIN3_MINUTES (default 2); the learning rate's cosine ends with the epochs or the minutes, whichever
+#     come first (--schedule-minutes); both TOKENS_PER_BATCH (default 32768) tokens a batch, the draft
 #     vocabulary's DRAFT_VOCAB (default 8192) tokens;
 #  5. export, then $OUT: machine.txt, train_head.log (each stage prints its answers/s or training tokens/s, which
 #     size the next call), summary.json (counts, the loss and top-1 by step of each head), head.tgz and head3.tgz
@@ -116,12 +117,13 @@ status=0
     init_args=()
     [ "$init" = none ] || init_args=(--init-from "$init")
     cli train-head train --run "$run/eagle1" "${init_args[@]}" --epochs "${EPOCHS:-1}" --lr 3e-4 "${common[@]}" \
-      --max-minutes "${TRAIN_MINUTES:-1.5}"
+      --max-minutes "${TRAIN_MINUTES:-1.5}" --schedule-minutes "${TRAIN_MINUTES:-1.5}"
     cli train-head export --run "$run/eagle1"
     date -u +"eagle1 done %FT%TZ"
     if [ "${TRAIN3_MINUTES:-2}" != 0 ]; then
       cli train-head train --run "$run/eagle3" --format eagle3 --unroll "${UNROLL3:-3}" --epochs "${EPOCHS3:-2}" \
-        --lr 1e-3 "${common[@]}" --max-minutes "${TRAIN3_MINUTES:-2}"
+        --lr 1e-3 "${common[@]}" --max-minutes "${TRAIN3_MINUTES:-2}" \
+        --schedule-minutes "${TRAIN3_MINUTES:-2}"
       cli train-head export --run "$run/eagle3"
       date -u +"eagle3 done %FT%TZ"
     fi

@@ -167,10 +167,20 @@ def test_train_head_passes_the_format_to_training_and_only_the_train_stage_reads
     from eagle_mdsd import cli
 
     seen = {}
-    monkeypatch.setattr(training, "train", lambda run, recipe, *args: seen.update(recipe=recipe) or {"log": []})
+    monkeypatch.setattr(training, "train", lambda run, recipe, *args, **options: seen.update(recipe=recipe) or {"log": []})
     for argv, expected in ((["--format", "eagle3"], "eagle3"), ([], "eagle1")):
         args = cli.build_parser().parse_args(["train-head", "train", "--run", str(tmp_path)] + argv)
         args.fn(args)
         assert seen["recipe"].format == expected
     assert cli.main(["train-head", "export", "--run", str(tmp_path), "--format", "eagle3"]) == 2
     assert "--format (train) does nothing in train-head export" in capsys.readouterr().err
+
+
+def test_a_schedule_in_minutes_ends_the_decay_and_the_run(tmp_path):
+    model = _deep_run(tmp_path / "data", _embedded_tokenizer(), features=False)
+    recipe = training.TrainRecipe(data_from=(str(tmp_path / "data"),), epochs=2, tokens_per_batch=60, bf16=False)
+    whole = training.train(tmp_path / "whole", recipe, model)
+    roomy = training.train(tmp_path / "roomy", recipe, model, schedule_minutes=60.0)
+    assert [r["loss"] for r in roomy["log"]] == [r["loss"] for r in whole["log"]] and whole["step"] >= 4
+    boxed = training.train(tmp_path / "boxed", recipe, model, schedule_minutes=1e-9)  # over before a step
+    assert boxed["step"] == 0

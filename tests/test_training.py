@@ -158,7 +158,7 @@ def test_train_head_passes_the_token_loss_to_training(monkeypatch, tmp_path):
     from eagle_mdsd import cli
 
     seen = {}
-    monkeypatch.setattr(training, "train", lambda run, recipe, *args: seen.update(recipe=recipe) or {"log": []})
+    monkeypatch.setattr(training, "train", lambda run, recipe, *args, **options: seen.update(recipe=recipe) or {"log": []})
     for argv, expected in ((["--token-loss", "tv"], "tv"), (["--token-loss", "top1"], "top1"), ([], "ce")):
         args = cli.build_parser().parse_args(["train-head", "train", "--run", str(tmp_path)] + argv)
         args.fn(args)
