@@ -29,6 +29,7 @@ from .benchmarks import machine, machine_line
 from .tree import Tree
 
 METHODS = ("eagle", "baseline") + peers.METHODS
+PEER = "hf_generate"  # the page gives every method's tokens/s over transformers generate's, the usual reference
 # EAGLE's pair at T > 0: sampled drafts beat deterministic top-k ones there (measured: docs/benchmarks.md).
 SAMPLING_PAIR = "without_replacement/rrs_wo"
 # EAGLE's static tree at T > 0: where every tree row costs target compute, as on a CPU, a chain of two sampled
@@ -340,17 +341,13 @@ def run_benchmark(out: Path, answers: Path, plan: BenchmarkPlan = BenchmarkPlan(
 
 
 def comparisons(entries: list[dict], temperature: float) -> list[str]:
-    """Measured ratios of one temperature's tokens/s: each EAGLE row over transformers generate and prompt lookup,
-    our plain loop over generate, each dynamic tree over the static default, and each EAGLE tree's time a cycle
-    (tokens/s = tau / seconds a cycle, so the tau a speed asks for follows from it: docs/benchmarks.md)."""
+    """Measured ratios of one temperature's tokens/s that the table (with its column over PEER) does not give:
+    each EAGLE row over prompt lookup, each dynamic tree over the static default, and each EAGLE tree's time a
+    cycle (tokens/s = tau / seconds a cycle, so the tau a speed asks for follows from it: docs/benchmarks.md)."""
     speed = {e["label"]: e["categories"]["all"]["tokens_per_s"] for e in entries}
     eagles = [label for label in speed if label == "eagle" or label.startswith("eagle[")]
-    peers = [peer for peer in ("hf_generate", "prompt_lookup") if peer in speed]
-    lines = [f"{label} / {peer} at T={temperature:g}: {speed[label]:.1f} / {speed[peer]:.1f} tokens/s = "
-             f"{speed[label] / speed[peer]:.2f}x" for label in eagles for peer in peers]
-    if "baseline" in speed and "hf_generate" in speed:  # how much of EAGLE's lead over generate is the loop's
-        lines.append(f"baseline (our loop, no drafts) / hf_generate at T={temperature:g}: {speed['baseline']:.1f} / "
-                     f"{speed['hf_generate']:.1f} tokens/s = {speed['baseline'] / speed['hf_generate']:.2f}x")
+    lines = [f"{label} / prompt_lookup at T={temperature:g}: {speed[label]:.1f} / {speed['prompt_lookup']:.1f} "
+             f"tokens/s = {speed[label] / speed['prompt_lookup']:.2f}x" for label in eagles if "prompt_lookup" in speed]
     static = "eagle[eagle_default]"
     lines += [f"{label} / {static} at T={temperature:g}: {speed[label] / speed[static]:.2f}x" for label in eagles
               if label != static and static in speed and label[6:].split(":")[0] in dynamic.NAMES]
@@ -363,8 +360,16 @@ def comparisons(entries: list[dict], temperature: float) -> list[str]:
 
 
 def benchmark_markdown(result: dict, stem: str) -> str:
+    """The page of a `run_benchmark` result: the command that made it where the result names one ('command', and
+    a 'command_note' on how it ran, added when a run is published), the machine and settings, and per temperature
+    the report's tables with each method's speedup over `baseline` and over PEER, the chart and `comparisons`."""
     m = result["machine"]
-    lines = [f"# MT-Bench benchmark, embedded default, {result['date']}", "",
+    with_peer = any(e["label"] == PEER for block in result["temperatures"].values() for e in block["entries"])
+    command = []
+    if result.get("command"):
+        note = f", {result['command_note']}" if result.get("command_note") else ""
+        command = [f"Command: `{result['command']}`{note}.", ""]
+    lines = [f"# MT-Bench benchmark, embedded default, {result['date']}", "", *command,
              f"Machine: {machine_line(m)}, device {result['device']}, "
              f"{result['dtype']}.", "",
              f"Questions: {result['bench']} {', '.join(map(str, result['questions']))} (both turns), "
@@ -375,11 +380,15 @@ def benchmark_markdown(result: dict, stem: str) -> str:
              f"draft vocabulary "
              f"{result.get('draft_vocab') or 'full'}. Methods ran question by question in turn "
              f"in one process. Speedup = tokens/s over `baseline` (plain autoregressive decoding in the same loop) "
-             f"on the same questions; tau = new tokens / target forward passes after the prefill."
+             f"on the same questions; "
+             + (f"x {PEER} = tokens/s over `{PEER}`'s (transformers `generate`; at T > 0 its plain sampling) in the "
+                f"same run; " if with_peer else "")
+             + f"tau = new tokens / target forward passes after the prefill."
              f"{kernels_note(result)}", ""]
     for tag, block in result["temperatures"].items():
-        lines += [f"## Temperature {tag[1:]}", "", report.markdown(block["entries"]), f"![chart]({stem}_{tag}.png)",
-                  ""] + [f"- {line}" for line in comparisons(block["entries"], float(tag[1:]))] + [""]
+        lines += [f"## Temperature {tag[1:]}", "", report.markdown(block["entries"], PEER),
+                  f"![chart]({stem}_{tag}.png)", ""] + [f"- {line}" for line in
+                                                         comparisons(block["entries"], float(tag[1:]))] + [""]
     return "\n".join(lines)
 
 
