@@ -2,7 +2,7 @@
 
 Results go to evaluation/results/ as JSON and a markdown table, stamped with
 the date and the machine.  Timings are medians over repeated calls after a
-warm-up; they are measurements, not assertions (see the README for goals).
+warm-up; they are measurements, not assertions (the project's targets are in docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -141,29 +141,29 @@ def markdown(result: dict) -> str:
                      if (r["vocab"], r["n"], r["scheme"]) == (vocab, n, scheme)]
             lines.append(f"| {scheme} | " + " | ".join(cells) + " |")
         lines.append("")
-    lines += ["## Goals", ""] + [f"- {goal}" for goal in result["goals"]] + [""]
+    lines += ["## Summary", ""] + [f"- {line}" for line in summary(result)] + [""]
     return "\n".join(lines)
 
 
-def goals(result: dict) -> list[str]:
+def summary(result: dict) -> list[str]:
+    """The slowest verification of one node at V = 32000 (a LLaMA-sized vocabulary), and alpha*'s time without
+    replacement at V = 152064 (Qwen's), n = 4: the costs the tables above spread out."""
     worst = max((r for r in result["node"] if r["vocab"] == 32000), key=lambda r: r["verify_ms"], default=None)
     alpha = next((r for r in result["alpha"] if (r["vocab"], r["n"], r["scheme"])
                   == (152064, 4, "without_replacement")), None)
     out = []
     if worst:
-        out.append(f"one node's verification under 1 ms at V = 32000: slowest pair {worst['scheme']}/"
-                   f"{worst['verifier']} n={worst['n']} takes {worst['verify_ms']:.3f} ms -> "
-                   + ("met" if worst["verify_ms"] < 1.0 else "NOT met"))
+        out.append(f"slowest verification of one node at V = 32000: {worst['scheme']}/{worst['verifier']} "
+                   f"n={worst['n']}, {worst['verify_ms']:.3f} ms")
     if alpha:
-        out.append(f"alpha* without replacement at V = 152064, n = 4 under 1 s: {alpha['seconds']:.3f} s -> "
-                   + ("met" if alpha["seconds"] < 1.0 else "NOT met"))
+        out.append(f"alpha* without replacement at V = 152064, n = 4: {alpha['seconds']:.3f} s")
     return out
 
 
 def run_core_benchmark(out_dir: Path, vocabs=VOCABS, draft_counts=DRAFT_COUNTS) -> dict:
     result = {"date": datetime.date.today().isoformat(), "machine": machine(),
               "node": time_node(vocabs, draft_counts), "alpha": time_alpha(vocabs, draft_counts)}
-    result["goals"] = goals(result)
+    result["summary"] = summary(result)
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = out_dir / f"core_bench_{result['date']}"
     stem.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")

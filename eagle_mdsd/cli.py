@@ -121,8 +121,8 @@ def cmd_bench_core(args) -> None:
 
     result = run_core_benchmark(Path(args.out), draft_counts=tuple(range(2, args.max_drafts + 1)))
     print(f"wrote {Path(args.out) / ('core_bench_' + result['date'])}.{{json,md}}")
-    for goal in result["goals"]:
-        print(goal)
+    for line in result["summary"]:
+        print(line)
 
 
 def _runner(args, device=None):

@@ -135,19 +135,23 @@ def compare(answer_files: list[Path], baseline: Path | None = None, labels: list
     return entries
 
 
-def markdown(entries: list[dict]) -> str:
-    """The overall table, the per-category table and, for profiled files, the time per phase."""
+def markdown(entries: list[dict], over: str | None = None) -> str:
+    """The overall table, the per-category table and, for profiled files, the time per phase; where an entry is
+    labelled `over`, the overall table also gives every entry's tokens/s over that entry's ("x OVER")."""
     with_speedup = all("speedup" in e["categories"]["all"] for e in entries)
+    peer = next((e["categories"]["all"]["tokens_per_s"] for e in entries if e["label"] == over), None)
     lines = ["| method | questions | new tokens | tau | tokens/s | tokens/s, mean of questions |"
-             + (" speedup | speedup, mean of questions |" if with_speedup else ""),
-             "|---|---|---|---|---|---|" + ("---|---|" if with_speedup else "")]
+             + (" speedup | speedup, mean of questions |" if with_speedup else "")
+             + (f" x {over} |" if peer else ""),
+             "|---|---|---|---|---|---|" + ("---|---|" if with_speedup else "") + ("---|" if peer else "")]
     for entry in entries:
         total = entry["categories"]["all"]
         mean_rate = total.get("mean_question_tokens_per_s", float("nan"))
         lines.append(f"| {entry['label']} | {total['questions']} | {total['new_tokens']} | {total['tau']:.2f} | "
                      f"{total['tokens_per_s']:.1f} | {mean_rate:.1f} |"
                      + (f" {total['speedup']:.2f}x | {total['mean_question_speedup']:.2f}x |" if with_speedup
-                        else ""))
+                        else "")
+                     + (f" {total['tokens_per_s'] / peer:.2f}x |" if peer else ""))
     lines += ["", "tokens/s: total new tokens over total time (every turn's wall time, prefill included). tokens/s, "
               "mean of questions: the mean over questions of each question's tokens over its time, as Spec-Bench's "
               "and EAGLE's speed.py compute it; their speedup is the ratio of those means."]

@@ -18,11 +18,11 @@ from __future__ import annotations
 import argparse
 import random
 import time
-from pathlib import Path
 
 import torch
 
-from eagle_mdsd import benchmarks, kernels, models, training
+import harness
+from eagle_mdsd import kernels, models, training
 
 ARMS = {"data stage": "as `train-head data` batches them", "sorted": "sorted by prompt length",
         "sorted, static cache": "sorted, `cache_implementation=\"static\"`",
@@ -79,8 +79,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.shard < 0 or min(args.batch_size, args.max_new_tokens, args.rounds) < 1:
         parser.error("--shard must be at least 0, --batch-size, --max-new-tokens and --rounds at least 1")
-    target, tokenizer = models.load_target(None, torch.bfloat16)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    target, tokenizer, pad_id = harness.load_default()
     records = training.load_prompts([training.DEFAULT_PROMPTS])
     random.Random(0).shuffle(records)  # the data stage's order at its default --seed
     shard = records[256 * args.shard : 256 * (args.shard + 1)]
@@ -93,9 +92,8 @@ def main() -> None:
              f"{r['identical']} of {len(prompts)} |" for arm, r in results.items()]
     print("\n".join(table))
     shuffled, by_length = list(range(len(prompts))), sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-    page = benchmarks.write_page(
-        Path(__file__).resolve().parent / "results", "data_stage_ab",
-        "The data stage's answer generation, four ways",
+    harness.write_page(
+        "data_stage_ab", "The data stage's answer generation, four ways",
         f"Embedded default (SmolLM2-135M-Instruct), bf16; shard {args.shard} of the default training prompts "
         f"shuffled with seed 0 ({len(prompts)} prompts of at most 384 tokens, mean "
         f"{sum(map(len, prompts)) / len(prompts):.0f} tokens; left-padded batches compute over "
@@ -107,7 +105,6 @@ def main() -> None:
         f"--batch-size {args.batch_size} --max-new-tokens {args.max_new_tokens} --rounds {args.rounds}`.",
         ["| arm | seconds, each round | speed over the data stage, each round | answer tokens | identical answers |",
          "|---|---|---|---|---|", *table])
-    print(f"wrote {page}")
 
 
 if __name__ == "__main__":

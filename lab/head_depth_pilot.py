@@ -19,15 +19,12 @@ is held out.  One result line per arm in --work/results.jsonl; a rerun skips fin
 
 from __future__ import annotations
 
-import argparse
 import copy
-import datetime
-import time
 from pathlib import Path
 
 import torch
 
-import fused_features_pilot as base
+import harness
 from eagle_mdsd import head as head_module
 
 ARMS = ("shipped", "tuned", "grown", "scratch1", "scratch2")
@@ -52,61 +49,38 @@ def grown(draft: head_module.EagleHead) -> head_module.EagleHead:
     return deeper
 
 
-def page(results: list[dict], args, facts: dict) -> str:
-    lines = [f"# A second decoder layer for the shipped head: a pilot, {facts['date']}", "",
-             f"Machine: {facts['machine']}. Command: `python lab/head_depth_pilot.py --data "
-             f"{' '.join(args.data)} --mt-bench {args.mt_bench} --epochs {args.epochs:g} --scratch-epochs "
-             f"{args.scratch_epochs:g}`. `tuned`: the shipped "
-             f"(one-layer) head fine-tuned on {facts['train_shards']} shards ({facts['train_sequences']:,} "
-             f"sequences); `grown`: the shipped head with a second Llama decoder layer whose output projections start "
-             f"at zero, fine-tuned the same (same batches of 4,096 tokens, steps, lr {LR:g} with warm-up and cosine, "
-             f"seed). `scratch1` / `scratch2`: one- / two-layer heads from scratch on the same data, lr "
-             f"{SCRATCH_LR:g}. {base.scoring_note(facts)} The shipped head's earlier "
-             f"versions also saw the default prompts, so its held-out column is not held out.", "",
-             base.data_note(facts), ""] + base.table(results, ("layers",))
-    return "\n".join(lines) + "\n"
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--data", nargs="+", required=True, help="runs of `eagle-mdsd train-head data`")
-    parser.add_argument("--mt-bench", default="runs/fused/mt_bench_first_turns.pt")
-    parser.add_argument("--epochs", type=float, default=2.0, help="of the fine-tuned arms")
+    parser = harness.pilot_parser(__doc__, "head_depth_pilot", epochs=2.0, epochs_help="of the fine-tuned arms")
     parser.add_argument("--scratch-epochs", type=float, default=4.0, help="of the arms from scratch")
-    parser.add_argument("--work", default="runs/head_depth_pilot")
-    parser.add_argument("--out", default=f"evaluation/results/head_depth_pilot_{datetime.date.today()}_bfloat16.md")
-    args = parser.parse_args()
-    runs = [Path(run) for run in args.data]
-    shards = {run: sorted((run / "data").glob("shard_*.pt")) for run in runs}
-    for run, found in shards.items():
-        if not found:
-            parser.error(f"no data shards in {run / 'data'}: run `eagle-mdsd train-head data --run {run}` first")
-    work = Path(args.work)
-    work.mkdir(parents=True, exist_ok=True)
-    train_files, held_out, held, mt = base.held_out_sets(shards, Path(args.mt_bench), work)
-    target, shipped, draft_rows = base.frozen_target_and_shipped_head()
-    record = work / "results.jsonl"
-    done = base.finished(record)
-    for arm in ARMS:
-        if arm in done:
-            continue
-        started = time.monotonic()
+    args, shards, work = harness.pilot_setup(parser)
+    train_files, held_out, held, mt = harness.held_out_sets(shards, Path(args.mt_bench), work)
+    target, shipped, draft_rows = harness.frozen_target_and_shipped_head()
+
+    def train_arm(arm):
         if arm == "shipped":
             draft, steps = shipped, 0
         elif arm.startswith("scratch"):
             start = head_module.random_head(target, seed=0, layers=int(arm[-1])).float()
-            draft, steps = base.train("eagle1", target, train_files, draft_rows, args.scratch_epochs, SCRATCH_LR,
-                                      draft=start)
+            draft, steps = harness.train(start, target, train_files, draft_rows, args.scratch_epochs, SCRATCH_LR)
         else:
             start = copy.deepcopy(shipped) if arm == "tuned" else grown(shipped)
-            draft, steps = base.train("eagle1", target, train_files, draft_rows, args.epochs, LR, draft=start)
-            head_module.save_head(copy.deepcopy(draft).half(), work / arm, safetensors=True)
-        result = {"arm": arm, "layers": len(draft.layers), "steps": steps,
-                  "train_s": round(time.monotonic() - started) if steps else 0}
-        done[arm] = base.score_and_record(result, draft, "eagle1", target, held, mt, record)
-    facts = {**base.run_facts(runs, train_files), "held_out": f"{held_out.parent.parent.name}/{held_out.name}"}
-    Path(args.out).write_text(page([done[arm] for arm in ARMS], args, facts))
-    print(f"wrote {args.out}")
+            draft, steps = harness.train(start, target, train_files, draft_rows, args.epochs, LR)
+            harness.export(draft, work / arm)
+        return draft, steps, {"layers": len(draft.layers)}
+
+    done = harness.arms_in_turn(ARMS, work / "results.jsonl", train_arm,
+                                lambda arm, draft: harness.depth1_scores(draft, target, held, mt))
+    facts = harness.run_facts(list(shards), train_files, harness.shard_name(held_out))
+    harness.write_pilot_page(
+        args.out, "A second decoder layer for the shipped head", facts,
+        harness.command("head_depth_pilot", args, "data", "mt_bench", "epochs", "scratch_epochs"),
+        f"`tuned`: the shipped (one-layer) head fine-tuned on {facts['train_shards']} shards "
+        f"({facts['train_sequences']:,} sequences); `grown`: the shipped head with a second Llama decoder layer whose "
+        f"output projections start at zero, fine-tuned the same (same batches of 4,096 tokens, steps, lr {LR:g} "
+        f"with warm-up and cosine, seed). `scratch1` / `scratch2`: one- / two-layer heads from scratch on the same "
+        f"data, lr {SCRATCH_LR:g}. {harness.scoring_note(facts)} The shipped head's earlier versions also saw the "
+        f"default prompts, so its held-out column is not held out.",
+        harness.table([done[arm] for arm in ARMS], ("layers",)))
 
 
 if __name__ == "__main__":

@@ -27,11 +27,10 @@ from pathlib import Path
 
 import torch
 
-from eagle_mdsd import bench, benchmarks, cli, models, report
+import harness
+import long_answers  # evaluation/long_answers.py, importable through the harness
+from eagle_mdsd import bench, cli, models, report
 
-import long_answers
-
-ROOT = Path(__file__).resolve().parent
 FINISHING_EPOCH = ["--epochs", "1", "--lr", "3e-4", "--tokens-per-batch", "4096", "--draft-vocab", "8192",
                    "--token-loss", "tv", "--token-weight", "2"]  # the shipped head's last epoch
 BENCH = ["--bench", "mt_bench", "--method", "eagle", "--tree", "eagle_default", "--temperature", "0", "--dtype",
@@ -80,7 +79,7 @@ def main() -> None:
                      "--max-new-tokens 512` first")
     cut_shards = cut_answers(data, work / f"cut{args.cut}", args.cut)
     arms = {"long": data, f"cut{args.cut}": work / f"cut{args.cut}"}
-    answers = ROOT / "answers" / "long_data_pilot"
+    answers = harness.ANSWERS / "long_data_pilot"
     shipped = answers / "shipped-eagle_default-t0.jsonl"
     files = [shipped]
     if cli.main(["bench", *BENCH, "--model-id", "shipped-eagle_default-t0", "--answer-file", str(shipped)]):
@@ -106,8 +105,8 @@ def main() -> None:
         (rt, rc), (ft, fc) = split["repeat"], split["fresh"]
         table.append(f"| {label} | {rc} | {rt / rc:.2f} | {fc} | {ft / fc:.2f} |")
     long_count, cut_count = answer_tokens(long_shards), answer_tokens(cut_shards)
-    page = benchmarks.write_page(
-        ROOT / "results", "long_data_pilot", "Pilot: a finishing epoch on long answers",
+    page = harness.write_page(
+        "long_data_pilot", "Pilot: a finishing epoch on long answers",
         f"Embedded default, bf16. Data: `{data.name}`, {len(long_shards)} shards, {long_count} answer tokens "
         f"(answers up to 512 tokens); the control keeps each answer's first {args.cut}: {cut_count} answer tokens. "
         "Each arm: the shipped head plus one epoch of its last epoch's recipe (`train-head train --init-from "

@@ -18,14 +18,12 @@ Writes evaluation/results/output_layer_pilot_<date>.md.
 from __future__ import annotations
 
 import argparse
-import datetime
 import time
-from pathlib import Path
 
 import torch
 
-import fused_features_pilot as base
-from eagle_mdsd import benchmarks, training
+import harness
+from eagle_mdsd import training
 
 ARMS = {"ce": ("ce", 1e-4, 1), "top1": ("top1", 3e-4, 2)}  # token loss, learning rate, depths trained on
 CHUNK = 4096  # positions a step
@@ -92,16 +90,11 @@ def main() -> None:
                         help="the target's greedy answers to the MT-Bench first turns (made here when missing)")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--work", default="runs/output_layer_pilot")
-    args = parser.parse_args()
-    shards = sorted((Path(args.data) / "data").glob("shard_*.pt"))
-    if len(shards) < 2:
-        parser.error(f"{args.data} has {len(shards)} data shards, the pilot needs 2 or more (the last is held out)")
+    args, shards, work = harness.pilot_setup(parser, 2)
     if args.epochs < 1:
         parser.error(f"--epochs is {args.epochs}: pass 1 or more")
-    work = Path(args.work)
-    work.mkdir(parents=True, exist_ok=True)
-    train_files, held_out, held, mt = base.held_out_sets({Path(args.data): shards}, args.mt_bench, work)
-    target, draft, rows = base.frozen_target_and_shipped_head()
+    train_files, held_out, held, mt = harness.held_out_sets(shards, args.mt_bench, work)
+    target, draft, rows = harness.frozen_target_and_shipped_head()
     draft.eval()
     found = {"held_out": predictions(draft, target, held), "mt_bench": predictions(draft, target, mt)}
     parts = [predictions(draft, target, torch.load(shard, weights_only=True)) for shard in train_files]
@@ -134,9 +127,8 @@ def main() -> None:
                          + " | ".join(scores(weight)) + " |")
             print(lines[-1], f"{time.monotonic() - started:.0f} s", flush=True)
     positions = len(train["depth1"])
-    page = benchmarks.write_page(
-        Path(__file__).resolve().parent / "results", "output_layer_pilot",
-        "A trained draft output layer on the shipped head's features: a pilot",
+    harness.write_page(
+        "output_layer_pilot", "A trained draft output layer on the shipped head's features: a pilot",
         f"bfloat16 autocast. The shipped head frozen; its teacher-forced predictions at draft depths 1 and 2 on "
         f"{len(train_files)} shards of `{args.data}` ({positions:,} answer positions) train a new output layer over "
         f"the decoder's {len(rows):,} draft rows, started from the target's rows, {args.epochs} epochs of "
@@ -146,7 +138,6 @@ def main() -> None:
         f"on the held-out shard `{held_out.name}` and on the target's greedy answers (128 tokens) to the 80 "
         f"MT-Bench first turns (evaluation only). Command: `python lab/output_layer_pilot.py --data "
         f"{args.data} --epochs {args.epochs}`.", lines)
-    print(f"wrote evaluation/results/{page.name}")
 
 
 if __name__ == "__main__":

@@ -18,12 +18,8 @@ how many answers came out the same.
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import torch
-
-from attention_ab import question_count, take_turns
-from eagle_mdsd import benchmarks, engine, head, kernels, models, questions, tree
+import harness
+from eagle_mdsd import engine, kernels, models, tree
 
 ARMS = ("alone", "siblings")
 RUNS = (  # label, method, tree, drafter, verifier, temperature
@@ -36,19 +32,18 @@ RUNS = (  # label, method, tree, drafter, verifier, temperature
 
 def load(siblings: bool):
     """The embedded default and its shipped head, packed with or without sibling layers together."""
-    target, tokenizer = models.load_target(None, torch.bfloat16)
-    draft_head = head.load_head(models.DEFAULT_HEAD, target)
+    target, draft_head, tokenizer = harness.target_and_shipped_head()
     kernels.pack(target, siblings=siblings)
     kernels.pack(draft_head, siblings=siblings)
     return target, draft_head, tokenizer
 
 
 def main() -> None:
-    count = question_count(__doc__.splitlines()[0])
+    count = harness.question_count(__doc__.splitlines()[0])
     models_by_arm = {arm: load(siblings=arm == "siblings") for arm in ARMS}
     tokenizer = models_by_arm["alone"][2]
     eos = models.eos_token_ids(models_by_arm["alone"][0], tokenizer)
-    prompts = [models.chat_prompt_ids(tokenizer, q["turns"][0]) for q in questions.load("mt_bench")[:count]]
+    prompts = harness.first_turns(tokenizer, count)
     rows = []
     for label, method, tree_name, drafter, verifier, temperature in RUNS:
         decoders = {arm: engine.Decoder(target, draft_head, tree.load(tree_name), drafter, verifier, eos_token_ids=eos,
@@ -58,21 +53,19 @@ def main() -> None:
         def run(arm, prompt, max_new_tokens, seed, decoders=decoders, method=method, temperature=temperature):
             return decoders[arm].generate(prompt, max_new_tokens, temperature, seed=seed, method=method)
 
-        speed, same = take_turns(ARMS, run, prompts)
+        speed, same = harness.take_turns(ARMS, run, prompts)
         pair = "" if method == "baseline" else f" ({drafter}/{verifier})"
         rows.append(f"| {label}{pair} | {temperature:g} | {speed['alone']:.1f} | {speed['siblings']:.1f} | "
                     f"{speed['siblings'] / speed['alone']:.3f} | {same} / {len(prompts)} |")
         print(rows[-1], flush=True)
-    page = benchmarks.write_page(
-        Path(__file__).resolve().parent / "results", "siblings",
-        "Packed linear layers: each alone against sibling layers together",
+    harness.write_page(
+        "siblings", "Packed linear layers: each alone against sibling layers together",
         f"Embedded default, shipped head, bf16, packed linear layers, draft vocabulary auto; first turns of MT-Bench "
         f"questions 1-{len(prompts)} (ids 81-{80 + len(prompts)}), 128 new tokens, T = 1 seeded by question; two "
         "copies of the model, one packed each way, take turns going first. "
         "Command: `.venv/bin/python lab/siblings_ab.py`.",
         ["| run | T | alone: tokens/s | siblings: tokens/s | ratio | same answers |", "|---|---|---|---|---|---|",
          *rows])
-    print(f"wrote evaluation/results/{page.name}")
 
 
 if __name__ == "__main__":

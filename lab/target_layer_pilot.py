@@ -27,16 +27,11 @@ vocabulary), so `eagle-mdsd bench --ea-model` can measure its tau.
 
 from __future__ import annotations
 
-import argparse
-import copy
-import datetime
-import time
 from pathlib import Path
 
 import torch
 
-import fused_features_pilot as base
-from eagle_mdsd import head as head_module
+import harness
 
 LR = 5e-4  # fused_features_pilot.py's rate from scratch
 # arm: (start, learning rate, initialisation seed); the seed-1 arms tell a start's effect from the seed's
@@ -47,7 +42,7 @@ ARMS = {"shipped": (None, 0.0, 0), "random": ("random", LR, 0), "random_fc_ident
 
 def start_head(arm: str, target, seed: int = 0):
     """The untrained head (fp32) of start `arm` (random, random_fc_identity, last_layer)."""
-    draft = base.new_head("eagle1", target)
+    draft = harness.new_head(target)
     if seed:
         torch.manual_seed(seed)
         for module in draft.modules():
@@ -70,62 +65,37 @@ def start_head(arm: str, target, seed: int = 0):
     return draft
 
 
-def page(results: list[dict], args, facts: dict) -> str:
-    lines = [f"# The target's last layer as the head's starting point: a pilot, {facts['date']}", "",
-             f"Machine: {facts['machine']}. Command: `python lab/target_layer_pilot.py --data "
-             f"{' '.join(args.data)} --mt-bench {args.mt_bench} --epochs {args.epochs:g}`. Six heads from "
-             f"scratch on {facts['train_shards']} shards ({facts['train_sequences']:,} sequences), same batches of "
-             f"4,096 tokens, steps, learning rate schedule (warm-up and cosine) and batch order; EAGLE-1's loss with the shipped "
-             f"head's draft vocabulary in the cross-entropy. `random`: every linear layer random (std 0.02); "
-             f"`random_fc_identity`: fc's feature half the identity; `last_layer`: that fc and the decoder layer "
-             f"copied from the target's last one (input norm weight folded into q/k/v); `_seed1`: the other linear "
-             f"layers drawn with seed 1 instead of 0. {base.scoring_note(facts)} "
-             f"`shipped`: the shipped head, trained on far more data (its earlier versions also saw the default "
-             f"prompts, so its held-out column is not held out).", "",
-             base.data_note(facts), ""] + base.table(results, ("lr", "seed"))
-    return "\n".join(lines) + "\n"
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--data", nargs="+", required=True, help="runs of `eagle-mdsd train-head data`")
-    parser.add_argument("--mt-bench", default="runs/fused/mt_bench_first_turns.pt")
-    parser.add_argument("--epochs", type=float, default=4.0)
-    parser.add_argument("--work", default="runs/target_layer_pilot")
-    parser.add_argument("--out", default=f"evaluation/results/target_layer_pilot_{datetime.date.today()}_bfloat16.md")
-    args = parser.parse_args()
-    runs = [Path(run) for run in args.data]
-    shards = {run: sorted((run / "data").glob("shard_*.pt")) for run in runs}
-    for run, found in shards.items():
-        if len(found) < 2:
-            parser.error(f"{run / 'data'} has {len(found)} data shards, and one is held out: run `eagle-mdsd "
-                         f"train-head data --run {run}` with more prompts")
-    work = Path(args.work)
-    work.mkdir(parents=True, exist_ok=True)
-    train_files, held_out, held, mt = base.held_out_sets(shards, Path(args.mt_bench), work)
-    target, shipped, draft_rows = base.frozen_target_and_shipped_head()
-    record = work / "results.jsonl"
-    done = base.finished(record)
-    for arm in ARMS:
-        if arm in done:
-            continue
-        started = time.monotonic()
+    args, shards, work = harness.pilot_setup(harness.pilot_parser(__doc__, "target_layer_pilot", epochs=4.0), 2)
+    train_files, held_out, held, mt = harness.held_out_sets(shards, Path(args.mt_bench), work)
+    target, shipped, draft_rows = harness.frozen_target_and_shipped_head()
+
+    def train_arm(arm):
         start, lr, seed = ARMS[arm]
         if start is None:
-            draft, steps = shipped, 0
-        else:
-            draft, steps = base.train("eagle1", target, train_files, draft_rows, args.epochs, lr,
-                                      draft=start_head(start, target, seed))
-            draft.draft_vocab = shipped.draft_vocab  # exported for `eagle-mdsd bench --ea-model WORK/ARM`
-            head_module.save_head(copy.deepcopy(draft).half(), work / arm, safetensors=True)
-        result = {"arm": arm, "lr": lr, "seed": seed, "steps": steps,
-                  "train_s": round(time.monotonic() - started) if steps else 0}
-        done[arm] = base.score_and_record(result, draft, "eagle1", target, held, mt, record)
-    facts = {**base.run_facts(runs, train_files), "held_out": f"{held_out.parent.parent.name}/{held_out.name}"}
+            return shipped, 0, {"lr": lr, "seed": seed}
+        draft, steps = harness.train(start_head(start, target, seed), target, train_files, draft_rows, args.epochs,
+                                     lr)
+        draft.draft_vocab = shipped.draft_vocab  # exported for `eagle-mdsd bench --ea-model WORK/ARM`
+        harness.export(draft, work / arm)
+        return draft, steps, {"lr": lr, "seed": seed}
+
+    done = harness.arms_in_turn(ARMS, work / "results.jsonl", train_arm,
+                                lambda arm, draft: harness.depth1_scores(draft, target, held, mt))
+    facts = harness.run_facts(list(shards), train_files, harness.shard_name(held_out))
     trained = {arm: {"lr": f"{lr:g}", "seed": seed} if start else {"lr": "-", "seed": "-"}
                for arm, (start, lr, seed) in ARMS.items()}
-    Path(args.out).write_text(page([done[arm] | trained[arm] for arm in ARMS], args, facts))
-    print(f"wrote {args.out}")
+    harness.write_pilot_page(
+        args.out, "The target's last layer as the head's starting point", facts,
+        harness.command("target_layer_pilot", args, "data", "mt_bench", "epochs"),
+        f"Six heads from scratch on {facts['train_shards']} shards ({facts['train_sequences']:,} sequences), same "
+        f"batches of 4,096 tokens, steps, learning rate schedule (warm-up and cosine) and batch order; EAGLE-1's "
+        f"loss with the shipped head's draft vocabulary in the cross-entropy. `random`: every linear layer random "
+        f"(std 0.02); `random_fc_identity`: fc's feature half the identity; `last_layer`: that fc and the decoder "
+        f"layer copied from the target's last one (input norm weight folded into q/k/v); `_seed1`: the other linear "
+        f"layers drawn with seed 1 instead of 0. {harness.scoring_note(facts)} `shipped`: the shipped head, trained "
+        f"on far more data (its earlier versions also saw the default prompts, so its held-out column is not held "
+        f"out).", harness.table([done[arm] | trained[arm] for arm in ARMS], ("lr", "seed")))
 
 
 if __name__ == "__main__":

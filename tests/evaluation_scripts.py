@@ -10,7 +10,7 @@ FOLDERS = (ROOT / "evaluation", ROOT / "lab")
 
 def load(name: str):
     """evaluation/NAME.py or lab/NAME.py as a module; their siblings are importable (the pilots reuse
-    lab/fused_features_pilot.py)."""
+    lab/harness.py)."""
     for folder in FOLDERS:
         if str(folder) not in sys.path:
             sys.path.insert(0, str(folder))

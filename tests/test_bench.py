@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -441,29 +442,27 @@ def test_the_benchmark_shards_its_questions_over_two_cpu_processes_and_merges_th
     assert (tmp_path / "sharded.md").exists() and done.stdout.count("wrote ") == 1  # one report, by the first
 
 
-def test_goals_compare_eagle_with_the_peers():
-    def entry(label, speed):
-        return {"label": label, "categories": {"all": {"tokens_per_s": speed}}}
-
-    lines = suite.goals([entry("eagle", 50.0), entry("hf_generate", 20.0), entry("prompt_lookup", 30.0)], 0.0)
-    assert lines[0].endswith("= 2.50x (goal >= 2.5x: met)") and lines[1].endswith("(goal >= 2x: not met)")
-    assert len(suite.goals([entry("eagle", 50.0), entry("hf_generate", 20.0)], 1.0)) == 1
-    split = suite.goals([entry("eagle", 50.0), entry("baseline", 25.0), entry("hf_generate", 20.0)], 1.0)
-    assert split[1] == ("of which baseline (our loop, no drafts) / hf_generate: 25.0 / 20.0 = 1.25x, "
-                        "and EAGLE / baseline: 2.00x")
+def _entry(label, speed):
+    return {"label": label, "categories": {"all": {"tokens_per_s": speed}}}
 
 
-def test_goals_say_what_tau_they_need_at_the_runs_cost_of_a_cycle():
+def test_the_page_compares_each_eagle_row_with_prompt_lookup_as_measured_ratios():
+    lines = suite.comparisons([_entry("eagle[eagle_default]", 50.0), _entry("eagle[chain2]", 45.0),
+                               _entry("hf_generate", 20.0), _entry("prompt_lookup", 30.0)], 0.0)
+    assert lines == ["eagle[eagle_default] / prompt_lookup at T=0: 50.0 / 30.0 tokens/s = 1.67x",
+                     "eagle[chain2] / prompt_lookup at T=0: 45.0 / 30.0 tokens/s = 1.50x"]
+    assert suite.comparisons([_entry("eagle", 50.0), _entry("prompt_lookup", 20.0)], 1.0) == [
+        "eagle / prompt_lookup at T=1: 50.0 / 20.0 tokens/s = 2.50x"]
+    # over generate: the table's column (test_the_table_gives_every_rows_speedup_over_generate_where_generate_ran)
+    assert suite.comparisons([_entry("eagle", 50.0), _entry("baseline", 25.0), _entry("hf_generate", 20.0)], 0) == []
+
+
+def test_the_page_gives_each_eagle_trees_time_a_cycle_and_tau():
     # 100 new tokens in 50 cycles over 4 s: 80 ms a cycle, 25 tokens/s at tau 2
     tree = {"label": "eagle[eagle_default]",
             "categories": {"all": {"tokens_per_s": 25.0, "cycles": 50, "wall_time_s": 4.0, "tau": 2.0}}}
-    peers = [{"label": label, "categories": {"all": {"tokens_per_s": speed}}}
-             for label, speed in (("hf_generate", 20.0), ("prompt_lookup", 15.0))]
-    lines = suite.goals([tree, *peers], 0.0)
-    assert lines[-1] == ("eagle[eagle_default] at T=0: 80.0 ms a cycle (wall time / cycles, prefill included), so its "
-                         "goals need at least: 2.5x hf_generate tau >= 4.00, 2x prompt_lookup tau >= 2.40 "
-                         "(this run's tau 2.00)")
-    assert suite.goals([tree, peers[0]], 1.0)[-1].endswith("need at least: 2x hf_generate tau >= 3.20 (this run's tau 2.00)")
+    lines = suite.comparisons([tree, _entry("hf_generate", 20.0)], 0.0)
+    assert lines == ["eagle[eagle_default] at T=0: 80.0 ms a cycle (wall time / cycles, prefill included), tau 2.00"]
 
 
 def test_cli_methods_are_the_suites():
@@ -499,15 +498,67 @@ def test_a_killed_run_resumes_without_lost_or_duplicate_questions(tmp_path):
     assert [r["answer_id"] for r in rows[: len(interrupted)]] == [r["answer_id"] for r in interrupted]
 
 
-def test_goals_compare_dynamic_trees_with_the_static_default():
-    def entry(label, speed):
-        return {"label": label, "categories": {"all": {"tokens_per_s": speed}}}
+def test_the_core_page_names_the_slowest_verification_and_alpha_stars_time():
+    node = [{"vocab": vocab, "n": n, "scheme": "with_replacement", "verifier": verifier, "verify_ms": ms,
+             "draft_ms": 0.1} for vocab, n, verifier, ms in ((32000, 2, "kseq", 0.4), (32000, 8, "kseq", 1.7),
+                                                            (32000, 8, "rrs_w", 0.9), (152064, 8, "kseq", 9.0))]
+    alpha = [{"vocab": 152064, "n": n, "scheme": scheme, "alpha_star": 0.5, "seconds": seconds}
+             for n, scheme, seconds in ((4, "without_replacement", 2.5), (4, "topk", 0.001),
+                                        (8, "without_replacement", 7.0))]
+    result = {"date": "2026-01-01", "machine": {"cpu": "c", "threads": 2, "torch": "t", "python": "p"}, "node": node,
+              "alpha": alpha}
+    assert benchmarks.summary(result) == ["slowest verification of one node at V = 32000: with_replacement/kseq n=8, "
+                                          "1.700 ms", "alpha* without replacement at V = 152064, n = 4: 2.500 s"]
+    page = benchmarks.markdown(result)
+    assert page.endswith("## Summary\n\n- slowest verification of one node at V = 32000: with_replacement/kseq n=8, "
+                         "1.700 ms\n- alpha* without replacement at V = 152064, n = 4: 2.500 s\n")
+    assert "goal" not in page.lower() and "met" not in page
 
-    lines = suite.goals([entry("eagle[eagle_default]", 30.0), entry("eagle[eagle2:total_tokens=16]", 37.5),
-                         entry("eagle[sequoia_cpu]", 40.0), entry("hf_generate", 20.0)], 0.0)
-    assert lines[0].startswith("EAGLE [sequoia_cpu] / hf_generate") and lines[0].endswith("2.00x (goal >= 2.5x: not met)")
-    assert lines[1] == "eagle[eagle2:total_tokens=16] / eagle[eagle_default] at T=0: 1.25x (goal >= 1.2x: met)"
-    assert len(lines) == 2
+
+def test_the_table_gives_every_rows_speedup_over_generate_where_generate_ran():
+    entries = [{"label": label, "categories": {"all": {"questions": 1, "new_tokens": 10, "tau": tau,
+                                                       "tokens_per_s": speed}}}
+               for label, speed, tau in (("eagle", 50.0, 2.5), ("hf_generate", 20.0, 1.0), ("baseline", 25.0, 1.0))]
+    rows = report.markdown(entries, "hf_generate").splitlines()
+    assert rows[0].endswith("| tokens/s, mean of questions | x hf_generate |") and rows[1] == "|---|" + "---|" * 6
+    assert [row.rsplit("|", 2)[1] for row in rows[2:5]] == [" 2.50x ", " 1.00x ", " 1.25x "]
+    assert "x hf_generate" not in report.markdown(entries[:1] + entries[2:], "hf_generate")  # no generate row
+    assert report.markdown(entries) == report.markdown(entries, "prompt_lookup")
+
+
+def test_the_cpu_headline_page_is_its_json_rendered_and_the_readme_reads_its_numbers():
+    root = Path(__file__).resolve().parent.parent
+    readme = (root / "README.md").read_text()
+    page = root / re.search(r"\[CPU\]\((evaluation/results/[^)]+\.md)\)", readme).group(1)
+    result = json.loads(page.with_suffix(".json").read_text())
+    text = page.read_text()
+    assert text == suite.benchmark_markdown(result, page.stem)  # measured numbers and all, nothing typed by hand
+    assert text.splitlines()[2].startswith("Command: `bash scripts/setup.sh && .venv/bin/eagle-mdsd benchmark`")
+    methods = {"transformers `generate`": "hf_generate", "prompt lookup (transformers)": "prompt_lookup",
+               "our plain decoding": "baseline", "EAGLE, eagle_default": "eagle[eagle_default]",
+               "EAGLE, chain2": "eagle[chain2]"}
+    tables, tag, header = {}, None, []
+    for line in text.splitlines():  # the page's overall tables: {(temperature, method): tau, tokens/s, x generate}
+        tag = line.split()[-1] if line.startswith("## Temperature") else tag
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        header = cells if line.startswith("| method |") else header if line.startswith("|") else []
+        if header[-1:] == ["x hf_generate"] and cells[0] in methods.values():
+            tables[tag, cells[0]] = (cells[header.index("tau")], cells[header.index("tokens/s")], cells[-1])
+    checked = 0
+    for line in readme.splitlines():
+        if line.startswith("| [CPU]("):
+            cells = [cell.strip().strip("*") for cell in line.strip("|").split("|")]
+            for tag, (speed, ratio, tau) in (("0", cells[2:5]), ("1", cells[5:8])):
+                if speed != "-":
+                    assert (tau, speed, ratio) == tables[tag, methods[cells[1]]], (line, tag)
+                    checked += 1
+    assert checked == 9
+
+
+def test_the_page_compares_dynamic_trees_with_the_static_default():
+    lines = suite.comparisons([_entry("eagle[eagle_default]", 30.0), _entry("eagle[eagle2:total_tokens=16]", 37.5),
+                               _entry("eagle[sequoia_cpu]", 40.0)], 0.0)
+    assert lines == ["eagle[eagle2:total_tokens=16] / eagle[eagle_default] at T=0: 1.25x"]  # sequoia's is static
 
 
 def test_a_tree_can_carry_its_own_drafter_and_verifier():
@@ -515,22 +566,16 @@ def test_a_tree_can_carry_its_own_drafter_and_verifier():
     assert suite.tree_and_pair("eagle2:top_k=3@greedy/greedy", "topk", "topk") == ("eagle2:top_k=3", "greedy", "greedy")
     with pytest.raises(ValueError, match="TREE@DRAFTER/VERIFIER"):
         suite.tree_and_pair("eagle2@greedy", "topk", "topk")
-    lines = suite.goals([{"label": label, "categories": {"all": {"tokens_per_s": speed}}} for label, speed in
-                         (("eagle[eagle_default]", 20.0), ("eagle[eagle2:top_k=3@greedy/greedy]", 25.0))], 1.0)
-    assert lines == ["eagle[eagle2:top_k=3@greedy/greedy] / eagle[eagle_default] at T=1: 1.25x (goal >= 1.2x: met)"]
+    lines = suite.comparisons([_entry(label, speed) for label, speed in
+                               (("eagle[eagle_default]", 20.0), ("eagle[eagle2:top_k=3@greedy/greedy]", 25.0))], 1.0)
+    assert lines == ["eagle[eagle2:top_k=3@greedy/greedy] / eagle[eagle_default] at T=1: 1.25x"]
 
 
-def test_eagle_with_lookup_drafts_is_reported_but_not_counted_for_the_goals():
-    def entry(label, speed):
-        return {"label": label, "categories": {"all": {"tokens_per_s": speed}}}
-
-    lines = suite.goals([entry("eagle[eagle_default]", 30.0), entry("eagle[eagle_default+lookup10]", 60.0),
-                         entry("hf_generate", 20.0), entry("prompt_lookup", 40.0)], 0.0)
-    assert lines[0].startswith("eagle[eagle_default+lookup10] (EAGLE with prompt-lookup drafts, not counted")
-    assert lines[1].endswith("60.0 / 40.0 tokens/s = 1.50x")
-    assert lines[2] == ("EAGLE [eagle_default] / hf_generate at T=0: 30.0 / 20.0 tokens/s = 1.50x "
-                        "(goal >= 2.5x: not met)")
-    assert len(lines) == 4
+def test_eagle_with_lookup_drafts_is_compared_as_every_eagle_row_is():
+    lines = suite.comparisons([_entry("eagle[eagle_default]", 30.0), _entry("eagle[eagle_default+lookup10]", 60.0),
+                               _entry("hf_generate", 20.0), _entry("prompt_lookup", 40.0)], 0.0)
+    assert lines == ["eagle[eagle_default] / prompt_lookup at T=0: 30.0 / 40.0 tokens/s = 0.75x",
+                     "eagle[eagle_default+lookup10] / prompt_lookup at T=0: 60.0 / 40.0 tokens/s = 1.50x"]
 
 
 def test_static_trees_share_one_run_on_the_sampling_tree_at_t_above_0(tmp_path):

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -50,10 +48,3 @@ def test_the_fused_head_trains_with_eagle_1s_loss():
         optimizer.step()
         losses.append(loss.item())
     assert losses[-1] < 0.5 * losses[0]
-
-
-def test_a_run_without_data_is_one_line(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(sys, "argv", ["fused_features_pilot.py", "--data", str(tmp_path / "nothing")])
-    with pytest.raises(SystemExit):
-        pilot.main()
-    assert "no data shards in" in capsys.readouterr().err

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-
-import pytest
 import torch
 
 from eagle_mdsd import head, training
@@ -50,10 +47,3 @@ def test_the_new_layer_learns_and_lowers_the_loss():
         losses.append(loss.item())
     assert losses[-1] < 0.7 * losses[0]
     assert two.layers[1].self_attn.o_proj.weight.abs().sum() > 0
-
-
-def test_a_run_without_data_is_one_line(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(sys, "argv", ["head_depth_pilot.py", "--data", str(tmp_path / "nothing")])
-    with pytest.raises(SystemExit):
-        pilot.main()
-    assert "no data shards in" in capsys.readouterr().err

@@ -3,9 +3,6 @@ output layer lowers its loss on the positions it trains on."""
 
 from __future__ import annotations
 
-import sys
-
-import pytest
 import torch
 
 from eagle_mdsd import head, training
@@ -57,12 +54,3 @@ def test_predictions_are_the_unrolled_passes_at_answer_positions_and_training_lo
     assert len(trained) == 30
     assert loss(trained[-1]) < loss(trained[0]) < loss(start)
     assert loss(trained[-1]) < loss(start) - 0.2
-
-
-def test_a_run_with_too_few_shards_is_one_line(tmp_path, monkeypatch, capsys):
-    (tmp_path / "one" / "data").mkdir(parents=True)
-    (tmp_path / "one" / "data" / "shard_00000.pt").write_bytes(b"")
-    monkeypatch.setattr(sys, "argv", ["output_layer_pilot.py", "--data", str(tmp_path / "one")])
-    with pytest.raises(SystemExit):
-        pilot.main()
-    assert "has 1 data shards, the pilot needs 2 or more" in capsys.readouterr().err

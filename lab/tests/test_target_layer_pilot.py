@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-
-import pytest
 import torch
 
 import evaluation_scripts
@@ -33,10 +30,3 @@ def test_the_head_layer_computes_the_targets_last_layer_on_normalised_input():
     assert torch.equal(feature_half, torch.eye(32))
     assert torch.equal(pilot.start_head("random_fc_identity", target).fc.weight[:, 32:], torch.eye(32))
     assert not torch.equal(pilot.start_head("random", target).fc.weight[:, 32:], torch.eye(32))
-
-
-def test_a_run_without_enough_data_is_one_line(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(sys, "argv", ["target_layer_pilot.py", "--data", str(tmp_path / "nothing")])
-    with pytest.raises(SystemExit):
-        pilot.main()
-    assert "has 0 data shards, and one is held out" in capsys.readouterr().err
