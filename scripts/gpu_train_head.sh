@@ -15,8 +15,9 @@
 #  3. MORE_PROMPTS (default 0) more self-written prompts of seed 1 in RUN/more (at most MORE_PROMPTS_MINUTES,
 #     default 1) and their answers (at most MORE_DATA_MINUTES, default 2);
 # train:
-#  4. `train-head train` on all of it: EAGLE-1 from the shipped head (INIT_FROM; "none": a random head), EPOCHS
-#     (default 1) at lr 3e-4, at most TRAIN_MINUTES (default 1.5); EAGLE-3 (`--format eagle3`, skipped when
+#  4. `train-head train` on all of it (a call of this stage alone on a fresh machine puts PREVIOUS_DATA back first):
+#     EAGLE-1 from the shipped head (INIT_FROM; "none": a random head), EPOCHS (default 1) at lr 3e-4, at most
+#     TRAIN_MINUTES (default 1.5; 0 skips it); EAGLE-3 (`--format eagle3`, skipped when
 #     TRAIN3_MINUTES is 0) from a random head, EPOCHS3 (default 2) at lr 1e-3 with UNROLL3 (default 3) draft steps,
 #     at most TRAIN3_MINUTES (default 2); the learning rate's cosine ends with the epochs or the minutes, whichever
 #     come first (--schedule-minutes); both TOKENS_PER_BATCH (default 32768) tokens a batch, the draft
@@ -60,16 +61,19 @@ cli() { "$python" -m eagle_mdsd.cli "$1" "$2" "${model[@]}" "${@:3}"; }
 runs=("$run")
 [ "${MORE_PROMPTS:-0}" = 0 ] || runs+=("$run/more")
 
-restore() {  # PREVIOUS_DATA's prompts and answers, back as the shards of RUN's data stage
+restore() {  # PREVIOUS_DATA's prompts and answers (RUN's and RUN/more's), back as the shards of their data stages
   mkdir -p "$run/previous"
   tar xJf "$PREVIOUS_DATA" -C "$run/previous"
-  cp "$run/previous/self_prompts.jsonl" "$run/self_prompts.jsonl"
-  "$python" - "$run" "$shard_size" <<'EOF'
+  for sub in . more; do
+    [ -f "$run/previous/$sub/ids.npz" ] || continue
+    mkdir -p "$run/$sub"
+    cp "$run/previous/$sub/self_prompts.jsonl" "$run/$sub/self_prompts.jsonl"
+    "$python" - "$run/$sub" "$run/previous/$sub" "$shard_size" <<'EOF'
 import json, sys
 from pathlib import Path
 import numpy, torch
-run, shard_size = Path(sys.argv[1]), int(sys.argv[2])
-saved = numpy.load(run / "previous" / "ids.npz")
+run, previous, shard_size = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+saved = numpy.load(previous / "ids.npz")
 if "shard_sizes" not in saved:
     sys.exit("PREVIOUS_DATA's ids.npz has no shard_sizes: it cannot be put back as the data stage's shards")
 ids = torch.from_numpy(saved["ids"].astype(numpy.int32))
@@ -83,6 +87,7 @@ for index, size in enumerate(saved["shard_sizes"].tolist()):
                                                       "sort_by_length": True, "features": False}))
 print(f"put back {len(samples)} answers in {len(saved['shard_sizes'])} shards")
 EOF
+  done
 }
 
 answer() {  # RUN MINUTES PROMPTS...: the data stage
@@ -112,14 +117,17 @@ status=0
     fi
   fi
   if [[ " $stages " == *" train "* ]]; then
+    if [ -n "${PREVIOUS_DATA:-}" ] && [ ! -f "$run/data/shard_00000.pt" ]; then restore; fi
     common=(--data-from "${runs[@]}" --tokens-per-batch "${TOKENS_PER_BATCH:-32768}"
             --draft-vocab "${DRAFT_VOCAB:-8192}" --device "$device")
     init_args=()
     [ "$init" = none ] || init_args=(--init-from "$init")
-    cli train-head train --run "$run/eagle1" "${init_args[@]}" --epochs "${EPOCHS:-1}" --lr 3e-4 "${common[@]}" \
-      --max-minutes "${TRAIN_MINUTES:-1.5}" --schedule-minutes "${TRAIN_MINUTES:-1.5}"
-    cli train-head export --run "$run/eagle1"
-    date -u +"eagle1 done %FT%TZ"
+    if [ "${TRAIN_MINUTES:-1.5}" != 0 ]; then
+      cli train-head train --run "$run/eagle1" "${init_args[@]}" --epochs "${EPOCHS:-1}" --lr 3e-4 "${common[@]}" \
+        --max-minutes "${TRAIN_MINUTES:-1.5}" --schedule-minutes "${TRAIN_MINUTES:-1.5}"
+      cli train-head export --run "$run/eagle1"
+      date -u +"eagle1 done %FT%TZ"
+    fi
     if [ "${TRAIN3_MINUTES:-2}" != 0 ]; then
       cli train-head train --run "$run/eagle3" --format eagle3 --unroll "${UNROLL3:-3}" --epochs "${EPOCHS3:-2}" \
         --lr 1e-3 "${common[@]}" --max-minutes "${TRAIN3_MINUTES:-2}" \

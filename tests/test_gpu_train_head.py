@@ -49,7 +49,7 @@ def _samples(run):
     return [s for shard in sorted((run / "data").glob("shard_*.pt")) for s in torch.load(shard)]
 
 
-def test_the_gpu_head_script_answers_in_one_call_and_trains_both_heads_in_the_next(tmp_path):
+def test_the_gpu_head_script_answers_in_calls_and_trains_both_heads_on_a_fresh_machine(tmp_path):
     from eagle_mdsd import models
 
     models.load_target()  # the converted embedded model, the toy run's target
@@ -74,22 +74,30 @@ def test_the_gpu_head_script_answers_in_one_call_and_trains_both_heads_in_the_ne
 
     # a fresh machine: the first call's answers come back as its shards; 4 more prompts, then 4 of seed 1
     run = tmp_path / "run2"
-    second = _call(tmp_path, "out2", RUN=str(run), PREVIOUS_DATA=str(back), MAX_PROMPTS="12", MORE_PROMPTS="4")
+    second = _call(tmp_path, "out2", RUN=str(run), STAGES="data", PREVIOUS_DATA=str(back), MAX_PROMPTS="12",
+                   MORE_PROMPTS="4")
     log = (second / "train_head.log").read_text()
     assert "put back 8 answers in 2 shards" in log and "data stage: 4 answers" in log
-    assert log.count("training tokens/s") == 2
     again = _samples(run)
     assert [s["ids"].tolist() for s in again[:8]] == [s["ids"].tolist() for s in shards]
     assert len(again) == 12 and len(_samples(run / "more")) == 4
-    summary = json.loads((second / "summary.json").read_text())
+    assert json.loads((second / "summary.json").read_text())["answers"] == 16
+    both = _unpacked(second, tmp_path / "back2")
+    assert numpy.load(tmp_path / "back2" / "more" / "ids.npz")["shard_sizes"].tolist() == [4]
+
+    # another fresh machine trains both heads on both runs' answers, put back
+    third = _call(tmp_path, "out3", RUN=str(tmp_path / "run3"), STAGES="train", PREVIOUS_DATA=str(both),
+                  MORE_PROMPTS="4")
+    log = (third / "train_head.log").read_text()
+    assert "put back 12 answers in 3 shards" in log and "put back 4 answers in 1 shards" in log
+    assert log.count("training tokens/s") == 2
+    summary = json.loads((third / "summary.json").read_text())
     assert summary["answers"] == 16 and summary["shards"] == 4
     for name in ("eagle1", "eagle3"):
         assert summary[name]["steps"] >= 1 and len(summary[name]["log"]) == summary[name]["steps"]
-    with tarfile.open(second / "head.tgz") as packed:
+    with tarfile.open(third / "head.tgz") as packed:
         assert {"head/config.json", "head/draft_vocab.json"} <= set(packed.getnames())
-    with tarfile.open(second / "head3.tgz") as packed:
+    with tarfile.open(third / "head3.tgz") as packed:
         packed.extractall(tmp_path / "head3")
     config = json.loads((tmp_path / "head3" / "head" / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["draft_vocab_size"] == 64
-    _unpacked(second, tmp_path / "back2")
-    assert numpy.load(tmp_path / "back2" / "more" / "ids.npz")["shard_sizes"].tolist() == [4]
