@@ -41,4 +41,7 @@ done
 echo "  run  command=\"STAGES='greedy benchmark' GREEDY_MINUTES=0.6 GREEDY_DTYPES=float32,bfloat16" \
   "GPU_MINUTES=1.5 bash scripts/gpu_table.sh --sampling-tree same --questions 8 --trees eagle_default chain2 eagle2\"" \
   " timeout_s=200"
-echo "  run  command=\"bash scripts/gpu_train_head.sh\"  timeout_s=400"
+echo "  run  command=\"STAGES=data MORE_PROMPTS=34000 bash scripts/gpu_train_head.sh\"  timeout_s=540"
+echo "  run  command=\"STAGES=train MORE_PROMPTS=34000 bash scripts/gpu_train_head.sh\"  timeout_s=400"
+echo "The machine goes back after 30 s without a call: make each call as soon as the last returns. A train call on"
+echo "a fresh machine needs PREVIOUS_DATA=.gpu/previous_data.tar.xz (a data call's data.tar.xz parts, joined, carried)."

@@ -23,9 +23,9 @@
 #     come first (--schedule-minutes); both TOKENS_PER_BATCH (default 32768) tokens a batch, the draft
 #     vocabulary's DRAFT_VOCAB (default 8192) tokens;
 #  5. export, then $OUT: machine.txt, train_head.log (each stage prints its answers/s or training tokens/s, which
-#     size the next call), summary.json (counts, the loss and top-1 by step of each head), head.tgz and head3.tgz
-#     (the exported heads), and data.tar.xz.NN (or .gz.NN; the self-written prompts and every answer's token ids,
-#     in parts of 15 MiB, when they fit in four parts).
+#     size the next call), summary.json (a data call's counts, the loss and top-1 by step of each head), head.tgz and
+#     head3.tgz (the exported heads, packed as soon as each is written), and a data call's data.tar.xz.NN (or
+#     .gz.NN; the self-written prompts and every answer's token ids, in parts of 15 MiB, when they fit in four).
 #
 #     bash scripts/gpu_bundle.sh   # here: prints the device calls, this script in the last
 #
@@ -126,6 +126,7 @@ status=0
       cli train-head train --run "$run/eagle1" "${init_args[@]}" --epochs "${EPOCHS:-1}" --lr 3e-4 "${common[@]}" \
         --max-minutes "${TRAIN_MINUTES:-1.5}" --schedule-minutes "${TRAIN_MINUTES:-1.5}"
       cli train-head export --run "$run/eagle1"
+      tar czf "$out/head.tgz" -C "$run/eagle1" head  # at once: a call cut short later still brings it back
       date -u +"eagle1 done %FT%TZ"
     fi
     if [ "${TRAIN3_MINUTES:-2}" != 0 ]; then
@@ -133,25 +134,29 @@ status=0
         --lr 1e-3 "${common[@]}" --max-minutes "${TRAIN3_MINUTES:-2}" \
         --schedule-minutes "${TRAIN3_MINUTES:-2}"
       cli train-head export --run "$run/eagle3"
+      tar czf "$out/head3.tgz" -C "$run/eagle3" head
       date -u +"eagle3 done %FT%TZ"
     fi
   fi
 } 2>&1 | tee "$out/train_head.log" || status=$?
 
-"$python" - "$out" "${runs[@]}" <<'EOF' || status=$?
+"$python" - "$out" "$stages" "${runs[@]}" <<'EOF' || status=$?
 import json, sys
 from pathlib import Path
 import numpy, torch
 from eagle_mdsd import jsonl
-out, runs = Path(sys.argv[1]), [Path(r) for r in sys.argv[2:]]
+out, data_call, runs = Path(sys.argv[1]), "data" in sys.argv[2].split(), [Path(r) for r in sys.argv[3:]]
 run = runs[0]
-counts = {str(r): len(list((r / "data").glob("shard_*.pt"))) for r in runs}
-samples = [[s for shard in sorted((r / "data").glob("shard_*.pt")) for s in torch.load(shard, weights_only=True)]
-           for r in runs]
-summary = {"self_prompts": sum(len(jsonl.records(r / "self_prompts.jsonl")) for r in runs
-                               if (r / "self_prompts.jsonl").exists()),
-           "answers": sum(map(len, samples)), "answer_tokens": sum(len(s["ids"]) - s["start"] for x in samples for s in x),
-           "tokens": sum(len(s["ids"]) for x in samples for s in x), "shards": sum(counts.values())}
+summary = {"shards": sum(len(list((r / "data").glob("shard_*.pt"))) for r in runs)}
+samples = []
+if data_call:  # (a train call's counts are the data call's: loading 100k samples again costs the call's minutes)
+    samples = [[s for shard in sorted((r / "data").glob("shard_*.pt")) for s in torch.load(shard, weights_only=True)]
+               for r in runs]
+    summary |= {"self_prompts": sum(len(jsonl.records(r / "self_prompts.jsonl")) for r in runs
+                                    if (r / "self_prompts.jsonl").exists()),
+                "answers": sum(map(len, samples)),
+                "answer_tokens": sum(len(s["ids"]) - s["start"] for x in samples for s in x),
+                "tokens": sum(len(s["ids"]) for x in samples for s in x)}
 for name in ("eagle1", "eagle3"):
     if (run / name / "checkpoint.pt").exists():
         state = torch.load(run / name / "checkpoint.pt", weights_only=False)["state"]
@@ -167,8 +172,7 @@ for r, kept in zip(runs, samples):  # every sample's ids (uint16 when the vocabu
                     starts=numpy.array([s["start"] for s in kept], numpy.int32), shard_sizes=numpy.array(sizes))
 print(json.dumps({k: v for k, v in summary.items() if k not in ("eagle1", "eagle3")}))
 EOF
-if [ -d "$run/eagle1/head" ]; then tar czf "$out/head.tgz" -C "$run/eagle1" head; fi
-if [ -d "$run/eagle3/head" ]; then tar czf "$out/head3.tgz" -C "$run/eagle3" head; fi
+[[ " $stages " == *" data "* ]] || { ls -l "$out"; exit "$status"; }  # (a train call's data came back before)
 packed=()
 for f in self_prompts.jsonl ids.npz more/self_prompts.jsonl more/ids.npz; do [ -f "$run/$f" ] && packed+=("$f"); done
 if [ ${#packed[@]} -gt 0 ]; then
