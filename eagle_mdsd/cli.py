@@ -6,6 +6,7 @@ import argparse
 import json
 import math
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -417,7 +418,8 @@ def cmd_benchmark(args) -> None:
         cuda_graphs=args.cuda_graphs, dtype=args.dtype, device=args.device, max_new_tokens=args.max_new_tokens,
         seed=args.seed, name=name)
     result = suite.run_benchmark(Path(args.out), Path(args.answers), plan,
-                                 (state.process_index, state.num_processes), state.wait_for_everyone)
+                                 (state.process_index, state.num_processes), state.wait_for_everyone,
+                                 getattr(args, "command_line", None))
     if result is None:
         return
     stem = Path(args.out) / result["name"]
@@ -690,8 +692,8 @@ def build_parser() -> argparse.ArgumentParser:
     suite_parser.add_argument("--device", default="cpu")
     suite_parser.add_argument("--max-new-tokens", type=_count(1), default=128)
     suite_parser.add_argument("--trees", nargs="+", default=["eagle_default", "chain2"],
-                              help="EAGLE runs once per tree (default eagle_default, the goals' tree at T = 0, "
-                                   "and chain2, the fastest at T = 0 on a 2-core CPU; dynamic ones with options, "
+                              help="EAGLE runs once per tree (default eagle_default, EAGLE's own tree, and chain2, a chain "
+                                   "of two drafts, which suits a CPU, where every tree row costs; dynamic ones with options, "
                                    "and optionally the tree's own drafter/verifier pair, e.g. eagle_default "
                                    "eagle2:total_tokens=16,depth=5,top_k=4@greedy/greedy; TREE+lookup adds "
                                    "prompt-lookup drafts, on the sampling tree at T > 0 for a static TREE)")
@@ -763,6 +765,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    args.command_line = "eagle-mdsd " + shlex.join(sys.argv[1:] if argv is None else argv)  # what pages name
     try:
         args.fn(args)
     except (ValueError, OSError) as error:

@@ -257,9 +257,9 @@ class BenchmarkPlan:
 
 
 def run_benchmark(out: Path, answers: Path, plan: BenchmarkPlan = BenchmarkPlan(), process: tuple[int, int] = (0, 1),
-                  barrier=lambda: None) -> dict | None:
-    """Answer into answers/NAME/, then report into out/NAME.{json,md,_t*.png}; a rerun with the same name
-    resumes.  process = (index, count) of processes started together (accelerate launch, torchrun): each answers
+                  barrier=lambda: None, command: str | None = None) -> dict | None:
+    """Answer into answers/NAME/, then report into out/NAME.{json,md,_t*.png} (naming `command`, the command
+    line that ran it, when given); a rerun with the same name resumes.  process = (index, count) of processes started together (accelerate launch, torchrun): each answers
     every count-th question into shard files, `barrier` waits for all of them, and the first merges the shards
     and reports (the others return None)."""
     index, count = process
@@ -319,7 +319,8 @@ def run_benchmark(out: Path, answers: Path, plan: BenchmarkPlan = BenchmarkPlan(
         return None
     for answer_file in files.values():
         bench.merge_shards(answer_file)
-    result = {"name": name, "date": date, "machine": timed_on, "bench": plan.bench_name,
+    result = {"name": name, "date": date, "machine": timed_on, **({"command": command} if command else {}),
+              "bench": plan.bench_name,
               "questions": [q["question_id"] for q in chosen],
               "dtype": plan.dtype, "device": plan.device, "max_new_tokens": plan.max_new_tokens,
               "trees": [setup[False][0] for setup in setups],

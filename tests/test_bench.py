@@ -394,10 +394,11 @@ def test_the_main_command_measures_afresh_in_a_clone_whose_committed_answers_car
     for committed in (f"evaluation/answers/benchmark/benchmark_{today}_bfloat16", f"runs/benchmark/benchmark_{today}"):
         (tmp_path / committed).mkdir(parents=True)
         (tmp_path / committed / "settings.json").write_text("{}")  # timed on another machine
-    calls = []
+    calls, commands = [], []
 
-    def measured(out, answers, plan, *process):
+    def measured(out, answers, plan, process, barrier, command):
         calls.append((out, answers, plan.name))
+        commands.append(command)
         (out / f"{plan.name}.md").parent.mkdir(parents=True, exist_ok=True)
         (out / f"{plan.name}.md").write_text("page")
         return {"name": plan.name}
@@ -407,6 +408,7 @@ def test_the_main_command_measures_afresh_in_a_clone_whose_committed_answers_car
     out, answers, name = calls[-1]
     assert out == answers == Path("runs/benchmark") and name.startswith(today) and not (answers / name).exists()
     assert cli.main(["benchmark", "--name", "mine"]) == 0 and calls[-1][2] == "mine"
+    assert commands == ["eagle-mdsd benchmark", "eagle-mdsd benchmark --name mine"]  # what the page names
     (tmp_path / "runs/benchmark/mine").mkdir()  # its answers, as a run that was cut short leaves them
     assert cli.main(["benchmark", "--name", "mine"]) == 2
     assert "runs/benchmark/mine exists: pass --resume mine to continue that run" in capsys.readouterr().err
