@@ -17,9 +17,10 @@
 #     80 MT-Bench questions, both turns, T = 0, eagle_default (`bench`, about 5 minutes each); the paired
 #     comparison (`report --paired`) to RUN/compare.md.
 #
-# The GPU-scale step (scripts/gpu_train_head.sh: self-written prompts, answers and training on a GPU, from this
-# recipe's head with INIT_FROM) is one device call of its own; its first run, 2026-11-27, did not beat the shipped
-# head (evaluation/results/gpu_head_2026-11-27.md), so the shipped head is still this recipe's.
+# The GPU-scale steps (scripts/gpu_train_head.sh: self-written prompts and answers in a data call, then an EAGLE-1
+# head from this recipe's head (INIT_FROM) and an EAGLE-3 head in a train call) are device calls of their own; the
+# first GPU-trained head did not beat the shipped head (evaluation/results/gpu_head_2026-11-27.md) and the second
+# session's EAGLE-3 head was lost (gpu_head_data_2026-11-27.md), so the shipped head is still this recipe's.
 #
 # PYTHON picks the interpreter (default .venv/bin/python, which scripts/setup.sh makes).
 set -euo pipefail
