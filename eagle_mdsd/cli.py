@@ -224,8 +224,8 @@ STAGE_OPTIONS = {
     "prompts": {"count", "openers", "batch_size", "seed", "dtype", "device", "max_minutes"},
     "data": {"prompts", "max_prompts", "max_new_tokens", "batch_size", "shard_size", "mix_reference",
              "data_temperature", "sort_by_length", "no_features", "seed", "dtype", "device", "max_minutes"},
-    "train": {"data_from", "format", "unroll", "token_weight", "token_loss", "train_draft_vocab", "init_from", "epochs", "lr",
-              "tokens_per_batch", "seed", "device", "max_minutes", "schedule_minutes"},
+    "train": {"data_from", "format", "unroll", "token_weight", "token_loss", "train_draft_vocab", "init_from",
+              "epochs", "lr", "tokens_per_batch", "seed", "device", "max_minutes", "schedule_minutes"},
     "export": {"export_to", "eagle1_format"},
     "evaluate": {"export_to"},
 }
@@ -603,7 +603,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "three target layers, the token loss alone over --draft-vocab, exported in the "
                             "released layout)")
     train.add_argument("--unroll", type=int, default=1,
-                       help="train stage: draft depths trained on the head's own predictions (1: EAGLE-1's loss)")
+                       help="train stage: draft depths trained on the head's own predictions (1: EAGLE-1's loss; "
+                            "EAGLE-3's training-time test is 2 or more)")
     train.add_argument("--token-weight", type=float, default=0.1,
                        help="train stage: weight of the token term against the feature term (EAGLE: 0.1)")
     train.add_argument("--token-loss", choices=["ce", "tv", "top1"], default="ce",
@@ -692,8 +693,9 @@ def build_parser() -> argparse.ArgumentParser:
     suite_parser.add_argument("--device", default="cpu")
     suite_parser.add_argument("--max-new-tokens", type=_count(1), default=128)
     suite_parser.add_argument("--trees", nargs="+", default=["eagle_default", "chain2"],
-                              help="EAGLE runs once per tree (default eagle_default, EAGLE's own tree, and chain2, a chain "
-                                   "of two drafts, which suits a CPU, where every tree row costs; dynamic ones with options, "
+                              help="EAGLE runs once per tree (default eagle_default, EAGLE's own tree, and "
+                                   "chain2, a chain of two drafts, which suits a CPU, where every tree row costs; "
+                                   "dynamic ones with options, "
                                    "and optionally the tree's own drafter/verifier pair, e.g. eagle_default "
                                    "eagle2:total_tokens=16,depth=5,top_k=4@greedy/greedy; TREE+lookup adds "
                                    "prompt-lookup drafts, on the sampling tree at T > 0 for a static TREE)")

@@ -472,9 +472,10 @@ def unrolled_predictions(draft_head, features, embedded, unroll: int = 1) -> lis
     """The head's predicted features [B, T, H] of passes 1..unroll over (f_i, x_{i+1}) pairs.
 
     Pass 1 reads the true features; pass r reads pass r - 1's predictions shifted by one position (the
-    input at position i is its prediction of f_i, or for an EAGLE-3 head its output there) and attends, through the cached keys of the earlier
-    passes, to what the decoder's head sees at draft depth r: the true pairs and one entry per earlier
-    depth on the path.  Position 0 of pass r > 1 has no such input and must not be scored.
+    input at position i is its prediction of f_i, or for an EAGLE-3 head its output there) and attends,
+    through the cached keys of the earlier passes, to what the decoder's head sees at draft depth r: the
+    true pairs and one entry per earlier depth on the path.  Position 0 of pass r > 1 has no such input
+    and must not be scored.
     """
     from transformers import DynamicCache
 
@@ -682,6 +683,10 @@ def train(out_dir: Path, recipe: TrainRecipe = TrainRecipe(), base_model=None, d
                 raise ValueError(f"{checkpoint} was trained with {option} {_option_text(trained_with)}, not "
                                  f"{_option_text(value)}: pass the same to resume it, or use another --run")
         draft_head.load_state_dict(saved["head"])
+        if layers is not None and not torch.equal(draft_head.target_ids(), rows):
+            raise ValueError(f"{checkpoint} drafts over the --draft-vocab most frequent answer tokens of its data "
+                             f"then, which the data's shards no longer give: resume it on the same shards, or use "
+                             f"another --run")
         optimizer.load_state_dict(saved["optimizer"])
         state = saved["state"]
         if "rng" in saved:  # the feature noise continues as if never interrupted
@@ -697,7 +702,7 @@ def train(out_dir: Path, recipe: TrainRecipe = TrainRecipe(), base_model=None, d
         os.replace(staging, checkpoint)
 
     progress = tqdm(total=total_steps, initial=state["step"], desc="train head")
-    started, tokens_seen = time.monotonic(), 0
+    started, tokens_seen, scheduled = time.monotonic(), 0, state.get("scheduled_s", 0.0)
     feature_targets = {}
 
     def feature_target(shard: Path):
@@ -715,8 +720,9 @@ def train(out_dir: Path, recipe: TrainRecipe = TrainRecipe(), base_model=None, d
             if index < state["batch_in_epoch"]:
                 continue  # resume inside the epoch
             along = state["step"] / total_steps  # how far along the schedule
-            if schedule_minutes:
-                along = max(along, (time.monotonic() - started) / (60 * schedule_minutes))
+            if schedule_minutes:  # (the minutes of earlier calls of the run count: a rerun continues the decay)
+                state["scheduled_s"] = scheduled + time.monotonic() - started
+                along = max(along, state["scheduled_s"] / (60 * schedule_minutes))
             if along >= 1 or (deadline and time.monotonic() > deadline):
                 break
             for group in optimizer.param_groups:  # linear warm-up, cosine decay
@@ -767,7 +773,8 @@ def _trained_weights(source: Path, target) -> dict:
     if (source / "checkpoint.pt").exists():
         return torch.load(source / "checkpoint.pt", weights_only=False)["head"]
     if (source / "config.json").exists():
-        return {k: v.float() for k, v in head_module.load_head(str(source), target).state_dict().items()}
+        return {k: v.float() if v.is_floating_point() else v
+                for k, v in head_module.load_head(str(source), target).state_dict().items()}
     raise FileNotFoundError(f"--init-from {source}: neither a run with checkpoint.pt nor a head folder "
                             f"with config.json")
 

@@ -58,8 +58,11 @@ export TQDM_MININTERVAL=${TQDM_MININTERVAL:-10}  # a progress line every 10 s in
 model=()
 [ -z "${BASE_MODEL:-}" ] || model=(--base-model "$BASE_MODEL")
 cli() { "$python" -m eagle_mdsd.cli "$1" "$2" "${model[@]}" "${@:3}"; }
-runs=("$run")
-[ "${MORE_PROMPTS:-0}" = 0 ] || runs+=("$run/more")
+more_runs() {  # RUN, and RUN/more where it has (or will have) answers
+  runs=("$run")
+  if [ "${MORE_PROMPTS:-0}" != 0 ] || [ -f "$run/more/data/shard_00000.pt" ]; then runs+=("$run/more"); fi
+}
+more_runs
 
 restore() {  # PREVIOUS_DATA's prompts and answers (RUN's and RUN/more's), back as the shards of their data stages
   mkdir -p "$run/previous"
@@ -88,6 +91,7 @@ for index, size in enumerate(saved["shard_sizes"].tolist()):
 print(f"put back {len(samples)} answers in {len(saved['shard_sizes'])} shards")
 EOF
   done
+  touch "$run/previous/restored"  # last: a restore cut short is done again
 }
 
 answer() {  # RUN MINUTES PROMPTS...: the data stage
@@ -97,11 +101,13 @@ answer() {  # RUN MINUTES PROMPTS...: the data stage
 }
 
 status=0
+set +e  # (the stages stop at their first failure, inside; what they made is still summed up and packed below)
 {
+  set -e
   date -u +"start %FT%TZ"
   if [[ " $stages " == *" data "* ]]; then
     if [ -n "${PREVIOUS_DATA:-}" ]; then
-      [ -f "$run/data/shard_00000.pt" ] || restore
+      [ -f "$run/previous/restored" ] || restore
     else
       cli train-head prompts --run "$run" --count "${SELF_PROMPTS:-90000}" --batch-size "${PROMPTS_BATCH:-2048}" \
         --device "$device" --max-minutes "${PROMPTS_MINUTES:-1.5}"
@@ -117,7 +123,8 @@ status=0
     fi
   fi
   if [[ " $stages " == *" train "* ]]; then
-    if [ -n "${PREVIOUS_DATA:-}" ] && [ ! -f "$run/data/shard_00000.pt" ]; then restore; fi
+    if [ -n "${PREVIOUS_DATA:-}" ] && [ ! -f "$run/previous/restored" ]; then restore; fi
+    more_runs
     common=(--data-from "${runs[@]}" --tokens-per-batch "${TOKENS_PER_BATCH:-32768}"
             --draft-vocab "${DRAFT_VOCAB:-8192}" --device "$device")
     init_args=()
@@ -138,7 +145,10 @@ status=0
       date -u +"eagle3 done %FT%TZ"
     fi
   fi
-} 2>&1 | tee "$out/train_head.log" || status=$?
+} 2>&1 | tee "$out/train_head.log"
+status=${PIPESTATUS[0]}
+set -e
+more_runs  # (again: a restore in the stages above may have brought RUN/more)
 
 "$python" - "$out" "$stages" "${runs[@]}" <<'EOF' || status=$?
 import json, sys

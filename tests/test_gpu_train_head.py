@@ -86,8 +86,7 @@ def test_the_gpu_head_script_answers_in_calls_and_trains_both_heads_on_a_fresh_m
     assert numpy.load(tmp_path / "back2" / "more" / "ids.npz")["shard_sizes"].tolist() == [4]
 
     # another fresh machine trains both heads on both runs' answers, put back
-    third = _call(tmp_path, "out3", RUN=str(tmp_path / "run3"), STAGES="train", PREVIOUS_DATA=str(both),
-                  MORE_PROMPTS="4")
+    third = _call(tmp_path, "out3", RUN=str(tmp_path / "run3"), STAGES="train", PREVIOUS_DATA=str(both))
     log = (third / "train_head.log").read_text()
     assert "put back 12 answers in 3 shards" in log and "put back 4 answers in 1 shards" in log
     assert log.count("training tokens/s") == 2

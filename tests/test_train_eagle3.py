@@ -3,6 +3,7 @@ the draft vocabulary, and export in the released layout."""
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -161,6 +162,15 @@ def test_eagle3_training_refuses_what_does_not_apply(tmp_path):
     with pytest.raises(ValueError, match="is no EAGLE-3 head that drafts over the --draft-vocab 30"):
         _train(tmp_path / "other", model, format="eagle3", data_from=[tmp_path / "run"], init_from=tmp_path / "run",
                **{**settings, "draft_vocab": 30})
+    exported = training.export(tmp_path / "run", tmp_path / "head", model)  # an exported head starts a run too
+    warm = _train(tmp_path / "warm", model, format="eagle3", data_from=[tmp_path / "run"], init_from=exported,
+                  **settings)
+    assert warm["step"] >= 1
+    samples = torch.load(tmp_path / "run" / "data" / "shard_00000.pt")
+    torch.save([dict(s, ids=torch.flip(s["ids"], [0]) + 7) for s in samples] * 3,
+               tmp_path / "run" / "data" / "shard_00001.pt")  # other answers: another draft vocabulary
+    with pytest.raises(ValueError, match="which the data's shards no longer give"):
+        _train(tmp_path / "run", model, format="eagle3", **{**settings, "epochs": 2})
 
 
 def test_train_head_passes_the_format_to_training_and_only_the_train_stage_reads_it(monkeypatch, tmp_path, capsys):
@@ -184,3 +194,41 @@ def test_a_schedule_in_minutes_ends_the_decay_and_the_run(tmp_path):
     assert [r["loss"] for r in roomy["log"]] == [r["loss"] for r in whole["log"]] and whole["step"] >= 4
     boxed = training.train(tmp_path / "boxed", recipe, model, schedule_minutes=1e-9)  # over before a step
     assert boxed["step"] == 0
+
+
+def test_training_features_are_the_decoders():
+    target = tiny_target(vocab=16, hidden=32, layers=5)
+    draft_head = eagle3.random_head(target, draft_vocab_size=8, seed=4)
+    decoder = engine.Decoder(target, draft_head, tree.load("eagle_default"))
+    call, prompt = decoder.start(list(range(3, 12)), 4)
+    with torch.inference_mode():
+        decoded = decoder.target_forward(call.target_cache, prompt, torch.arange(len(prompt)))
+        trained = training.target_features(target, prompt[None], layers=draft_head.feature_layers)[0]
+    assert trained.shape == (9, 4 * 32) and torch.equal(trained, decoded)
+
+
+def test_a_batch_collated_in_place_equals_the_samples_collated_one_by_one():
+    target = tiny_target(vocab=16, hidden=32, layers=4).float()
+    twin = copy.deepcopy(target)  # the same weights under another key: the batch takes the per-sample way
+    generator = torch.Generator().manual_seed(5)
+    samples = [{"ids": torch.randint(16, (n,), generator=generator, dtype=torch.int32), "start": s, "shard": "a"}
+               for n, s in ((9, 3), (14, 5), (6, 1))]
+    layers = (2, 2, 1)
+    fast = training._training_batch([dict(s) for s in samples], lambda shard: target, 32, "cpu", layers)
+    mixed = [dict(s, shard="b") if i == 1 else dict(s) for i, s in enumerate(samples)]
+    slow = training._training_batch(mixed, lambda shard: target if shard == "a" else twin, 32, "cpu", layers)
+    assert torch.equal(fast[3], slow[3]) and fast[3].sum() == (8 - 2) + (13 - 4) + (5 - 0)
+    mask = fast[3]
+    for one, other in zip(fast[:3], slow[:3]):
+        assert torch.equal(one[mask], other[mask].to(one.dtype))
+
+
+def test_a_rerun_continues_the_time_schedule_it_was_cut_by(tmp_path, monkeypatch):
+    model = _deep_run(tmp_path / "data", _embedded_tokenizer(), features=False)
+    recipe = training.TrainRecipe(data_from=(str(tmp_path / "data"),), epochs=50, tokens_per_batch=60, bf16=False)
+    clock = iter(range(10**6))
+    monkeypatch.setattr(training.time, "monotonic", lambda: float(next(clock)))  # a second a look at the clock
+    cut = training.train(tmp_path / "boxed", recipe, model, schedule_minutes=0.1)  # 6 s of this clock
+    assert 1 <= cut["step"] < 10 and cut["scheduled_s"] >= 6
+    again = training.train(tmp_path / "boxed", recipe, model, schedule_minutes=0.1)
+    assert again["step"] == cut["step"]  # the decay had ended: no learning-rate restart
