@@ -521,37 +521,25 @@ def head_loss(draft_head, embed, lm_head, features, tokens, targets, mask, noise
     """
     if token_loss not in TOKEN_LOSSES:
         raise ValueError(f"unknown token loss {token_loss!r}: use ce, tv or top1")
-    if isinstance(draft_head, eagle3.Eagle3Head):
-        return _eagle3_loss(draft_head, embed, lm_head, features, tokens, targets, mask, unroll, token_loss)
+    eagle3_head = isinstance(draft_head, eagle3.Eagle3Head)
+    if eagle3_head:
+        noise, targets = 0.0, targets[..., : draft_head.target_hidden]  # p comes from the final features
     if noise:
         features = features + (torch.rand_like(features) * 2 - 1) * noise
     passes = unrolled_predictions(draft_head, features, embed(tokens).to(features.dtype), unroll)
     with torch.no_grad():
         target_probs = torch.softmax(lm_head(targets[mask]).float(), -1)
+    head_logits = draft_head.logits if eagle3_head else lm_head
     total, accuracy = 0.0, 0.0
     for step, predicted in enumerate(passes, start=1):
         kept = mask & (torch.arange(mask.shape[1], device=mask.device) >= step - 1)
-        feature_loss = torch.nn.functional.smooth_l1_loss(predicted[kept].float(), targets[kept].float())
-        head_logp = torch.log_softmax(lm_head(predicted[kept]).float(), -1)
+        head_logp = torch.log_softmax(head_logits(predicted[kept]).float(), -1)
         p = target_probs[kept[mask]]
-        token_term = TOKEN_LOSSES[token_loss](p, head_logp)
-        total = total + 0.8 ** (step - 1) * (feature_loss + token_weight * token_term.mean())
-        if step == 1:
-            accuracy = float((head_logp.argmax(-1) == target_probs.argmax(-1)).float().mean())
-    return total, accuracy
-
-
-def _eagle3_loss(draft_head, embed, lm_head, features, tokens, targets, mask, unroll: int, token_loss: str):
-    """`head_loss` of an EAGLE-3 head: sum over passes r of 0.8^(r-1) x the mean token term."""
-    passes = unrolled_predictions(draft_head, features, embed(tokens).to(features.dtype), unroll)
-    with torch.no_grad():
-        target_probs = torch.softmax(lm_head(targets[mask][..., : draft_head.target_hidden]).float(), -1)
-    total, accuracy = 0.0, 0.0
-    for step, predicted in enumerate(passes, start=1):
-        kept = mask & (torch.arange(mask.shape[1], device=mask.device) >= step - 1)
-        head_logp = torch.log_softmax(draft_head.logits(predicted[kept]).float(), -1)
-        p = target_probs[kept[mask]]
-        total = total + 0.8 ** (step - 1) * TOKEN_LOSSES[token_loss](p, head_logp).mean()
+        term = TOKEN_LOSSES[token_loss](p, head_logp).mean()
+        if not eagle3_head:  # EAGLE-1: the feature term, and the token term weighed against it
+            term = torch.nn.functional.smooth_l1_loss(predicted[kept].float(), targets[kept].float()) \
+                + token_weight * term
+        total = total + 0.8 ** (step - 1) * term
         if step == 1:
             accuracy = float((head_logp.argmax(-1) == p.argmax(-1)).float().mean())
     return total, accuracy
@@ -590,7 +578,7 @@ class TrainRecipe:
     cross-entropy against the target's most probable token) and token_weight weighs it against the feature term
     (EAGLE's 0.1); draft_vocab = N scores it over the N most frequent answer tokens of the data only (the ranking
     `export` ships; None: the full vocabulary); data_from: other runs whose shards are trained on too.
-    format "eagle3" trains an EAGLE-3 head (eagle3.py) by `_eagle3_loss`: unroll passes of the token term alone
+    format "eagle3" trains an EAGLE-3 head (eagle3.py) by `head_loss`: unroll passes of the token term alone
     (token_weight does not apply), over the draft_vocab most frequent answer tokens, which become its vocabulary."""
 
     epochs: float = 1.0
