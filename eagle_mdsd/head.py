@@ -27,6 +27,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from . import checkpoints, validate
+from .errors import UsageError
 from .models import cache_keyword
 
 DRAFT_VOCAB_FILE = "draft_vocab.json"
@@ -92,18 +94,96 @@ def check_fits(config, target_config, source: str) -> None:
     for field in ("hidden_size", "vocab_size"):
         head_value, target_value = getattr(config, field, None), getattr(target_config, field, None)
         if head_value != target_value:
-            raise ValueError(f"draft head {source} does not fit the base model: {field} is {head_value} in the "
+            raise UsageError(f"draft head {source} does not fit the base model: {field} is {head_value} in the "
                              f"head but {target_value} in the base model; use a head trained for this base model")
 
 
 def _read_weights(folder: Path) -> dict:
-    if (folder / "model.safetensors").exists():
-        from safetensors.torch import load_file
+    return checkpoints.load(checkpoints.weights_file(folder, "draft head"))
 
-        return load_file(folder / "model.safetensors")
-    if (folder / "pytorch_model.bin").exists():
-        return torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
-    raise FileNotFoundError(f"draft head {folder} has neither model.safetensors nor pytorch_model.bin")
+
+def config_fault(error: BaseException) -> str:
+    """The last line of a transformers config's validation error (its first lines name the validator)."""
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    return lines[-1][:160] if lines else type(error).__name__
+
+
+def llama_config(values: dict, spec: str, **extra):
+    """A LlamaConfig from a head's config.json values; a value transformers refuses is a one-line error."""
+    from transformers import LlamaConfig
+
+    for name in ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size"):
+        if name in values and not (validate.is_int(values[name]) and values[name] > 0):
+            raise UsageError(f"draft head {spec}: config.json's {name} must be a whole number above 0, not "
+                             f"{json.dumps(values[name])[:40]}: use the config.json that came with the head")
+    try:
+        return LlamaConfig(**values, **extra)
+    except Exception as error:  # transformers' strict validation raises its own classes besides TypeError
+        raise UsageError(f"draft head {spec}: config.json does not make a Llama config ({config_fault(error)}): "
+                         f"use the config.json that came with the head") from None
+
+
+def _head_config(raw: dict, spec: str):
+    """(config, bias) of an EAGLE-1 head's config.json."""
+    raw = dict(raw)
+    bias = raw.pop("bias", True)
+    if not isinstance(bias, bool):
+        raise UsageError(f"draft head {spec}: config.json's bias must be true or false, not {json.dumps(bias)[:40]}")
+    for name in ("hidden_size", "vocab_size", "num_attention_heads", "intermediate_size"):
+        if name not in raw:
+            raise UsageError(f"draft head {spec}: config.json has no {name}: use the config.json that came with "
+                             f"the head")
+    config = llama_config({k: v for k, v in raw.items() if k not in ("architectures",)}, spec)
+    if not validate.is_int(config.num_hidden_layers) or config.num_hidden_layers < 1:
+        raise UsageError(f"draft head {spec}: num_hidden_layers is {config.num_hidden_layers}; a head needs at "
+                         f"least one decoder layer (EAGLE-1 heads have 1)")
+    return config, bias
+
+
+def inspect(spec) -> tuple[Path, dict, bool]:
+    """(folder, config.json, whether it is an EAGLE-3 head) of a head, its files checked against its config
+    without loading any model: the config is valid, and the weights file holds every tensor the config asks
+    for, in shape and as floats."""
+    folder = resolve(str(spec))
+    if not folder.is_dir():
+        raise UsageError(f"draft head {spec} is a file, not a folder: give the folder with config.json and weights")
+    raw = validate.read_json(folder / "config.json", f"draft head {spec}: config file",
+                             "give the config.json that came with the head")
+    weights = checkpoints.weights_file(folder, "draft head")
+    found = checkpoints.layout(weights)
+    from . import eagle3
+
+    is_eagle3 = eagle3.is_eagle3(raw, found)
+    if is_eagle3:
+        expected, optional = eagle3.expected_layout(raw, str(spec))
+        found = {key.removeprefix("model."): value for key, value in found.items()}
+        checkpoints.check(found, expected, weights, optional, whole_numbers=("d2t", "t2d"))
+    else:
+        config, bias = _head_config(raw, str(spec))
+        with torch.device("meta"):
+            shapes = {key: tuple(value.shape) for key, value in EagleHead(config, bias=bias).state_dict().items()
+                      if "rotary_emb" not in key}
+        embedding = (config.vocab_size, config.hidden_size)
+        checkpoints.check(found, shapes, weights, {"embed_tokens.weight": embedding})
+    _draft_vocab(folder, spec, raw.get("vocab_size"))
+    return folder, raw, is_eagle3
+
+
+def _draft_vocab(folder: Path, spec, vocab_size) -> list[int] | None:
+    """The token ranking of draft_vocab.json, checked, or None without one."""
+    ranked = folder / DRAFT_VOCAB_FILE
+    if not ranked.exists():
+        return None
+    fix = "regenerate it with `eagle-mdsd train-head export`, or delete it to draft over the full vocabulary"
+    record = validate.read_json(ranked, f"draft head {spec}: token ranking", fix)
+    token_ids = record.get("token_ids")
+    if not (isinstance(token_ids, list) and token_ids and all(validate.is_int(t) for t in token_ids)):
+        raise UsageError(f"draft head {spec}: {DRAFT_VOCAB_FILE} must hold a non-empty list of token ids under "
+                         f"'token_ids': {fix}")
+    if validate.is_int(vocab_size) and (max(token_ids) >= vocab_size or min(token_ids) < 0):
+        raise UsageError(f"draft head {spec}: {DRAFT_VOCAB_FILE} has token ids outside the vocabulary of "
+                         f"{vocab_size}; {fix}")
+    return token_ids
 
 
 def resolve(spec: str) -> Path:
@@ -122,51 +202,34 @@ def resolve(spec: str) -> Path:
                                           local_files_only=offline))
         except Exception as error:  # no network, no such repository, ...: the hub's own message runs to lines
             why = "the hub is out of reach and its cache has no copy" if offline else type(error).__name__
-            raise FileNotFoundError(f"draft head {spec} is no folder here and the hub did not give it "
-                                    f"({why}): give a folder with config.json and weights, or a "
-                                    f"hub id with network") from None
-    raise FileNotFoundError(f"draft head {spec} does not exist: give a folder with config.json and weights")
+            raise UsageError(f"draft head {spec} is no folder here and the hub did not give it ({why}): give a "
+                             f"folder with config.json and weights, or a hub id with network") from None
+    raise UsageError(f"draft head {spec} does not exist: give a folder with config.json and weights")
 
 
 def load_head(spec: str, target):
     """Load an EAGLE-1 head (EagleHead) or an EAGLE-3 one (eagle3.Eagle3Head, told by its config) for `target`;
-    refuses heads that do not fit it."""
-    from transformers import LlamaConfig
+    refuses heads that do not fit it, and files that do not match their config (`inspect`)."""
+    folder, raw, is_eagle3 = inspect(spec)
+    if is_eagle3:
+        from . import eagle3
 
-    folder = resolve(str(spec))
-    config_file = folder / "config.json"
-    if not config_file.exists():
-        raise FileNotFoundError(f"draft head {spec} has no config.json")
-    raw = json.loads(config_file.read_text())
-    from . import eagle3
-
-    if eagle3.is_eagle3(raw):
         return eagle3.load(raw, _read_weights(folder), target, str(spec))
-    bias = bool(raw.pop("bias", True))
-    config = LlamaConfig(**{k: v for k, v in raw.items() if k not in ("architectures",)})
+    config, bias = _head_config(raw, str(spec))
     check_fits(config, target.config, str(spec))
-    if config.num_hidden_layers < 1:
-        raise ValueError(f"draft head {spec}: num_hidden_layers is {config.num_hidden_layers}; a head needs at "
-                         f"least one decoder layer (EAGLE-1 heads have 1)")
     state = _read_weights(folder)
     embed = state.pop("embed_tokens.weight", None)
     if embed is not None and tuple(embed.shape) != tuple(target.get_input_embeddings().weight.shape):
-        raise ValueError(f"draft head {spec} does not fit the base model: embed_tokens.weight is "
+        raise UsageError(f"draft head {spec} does not fit the base model: embed_tokens.weight is "
                          f"{tuple(embed.shape)}, the base model's embedding is "
                          f"{tuple(target.get_input_embeddings().weight.shape)}")
     head = EagleHead(config, bias=bias)
     missing, unexpected = head.load_state_dict(state, strict=False)
     missing = [k for k in missing if "rotary_emb" not in k]
     if missing or unexpected:
-        raise ValueError(f"draft head {spec} is neither an EAGLE-1 checkpoint nor an EAGLE-3 one: missing "
+        raise UsageError(f"draft head {spec} is neither an EAGLE-1 checkpoint nor an EAGLE-3 one: missing "
                          f"{missing[:3]}, unexpected {unexpected[:3]}")
-    ranked = folder / DRAFT_VOCAB_FILE
-    if ranked.exists():
-        token_ids = json.loads(ranked.read_text())["token_ids"]
-        if not token_ids or max(token_ids) >= config.vocab_size or min(token_ids) < 0:
-            raise ValueError(f"draft head {spec}: {DRAFT_VOCAB_FILE} has token ids outside the vocabulary "
-                             f"of {config.vocab_size}; regenerate it with `eagle-mdsd train-head export`")
-        head.draft_vocab = token_ids
+    head.draft_vocab = _draft_vocab(folder, spec, config.vocab_size)
     return head.to(dtype=target.dtype, device=target.device).eval()
 
 

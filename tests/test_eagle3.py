@@ -48,11 +48,10 @@ def test_a_head_that_does_not_fit_is_a_one_line_error_naming_the_field(tiny3, tm
     folder = eagle3.save(draft_head, tmp_path / "head")
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps(config | {"target_hidden_size": 4096}))
-    with pytest.raises(ValueError, match="EAGLE-3 head for another base model: its target hidden size is 4096, the "
-                                         "base model's hidden_size is 32"):
-        head.load_head(str(folder), target)
+    with pytest.raises(ValueError, match=r"fc.weight is \(32, 96\), this head's config.json makes it \(32, 12288\)"):
+        head.load_head(str(folder), target)  # weights that are not the config's, refused before any allocation
     (folder / "config.json").write_text(json.dumps(config | {"intermediate_size": 48}))
-    with pytest.raises(ValueError, match=r"does not fit its config: midlayer.mlp.\w+_proj.weight is"):
+    with pytest.raises(ValueError, match=r"midlayer.mlp.\w+_proj.weight is \(\d+, \d+\), this head's config.json"):
         head.load_head(str(folder), target)
     (folder / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "hidden_size"}))
     with pytest.raises(ValueError, match="config.json has no hidden_size"):

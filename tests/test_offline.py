@@ -5,6 +5,7 @@ import time
 import pytest
 
 from eagle_mdsd import head, models
+from eagle_mdsd.errors import UsageError
 
 
 def test_the_hub_is_out_of_reach_when_offline_is_set_or_its_endpoint_refuses(monkeypatch):
@@ -24,10 +25,10 @@ def test_a_hub_id_offline_is_a_one_line_error_in_under_5_seconds(offline, monkey
         monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
         monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
     started = time.monotonic()
-    with pytest.raises(OSError, match="cannot load base model lmsys/vicuna-7b-v1.3: the hub is out of reach") as error:
+    with pytest.raises(UsageError, match="cannot load base model lmsys/vicuna-7b-v1.3: the hub is out of reach") as error:
         models.load_target("lmsys/vicuna-7b-v1.3")
     assert "\n" not in str(error.value)
-    with pytest.raises(FileNotFoundError, match="the hub is out of reach and its cache has no copy") as error:
+    with pytest.raises(UsageError, match="the hub is out of reach and its cache has no copy") as error:
         head.resolve("yuhuili/EAGLE-Vicuna-7B-v1.3")
     assert "\n" not in str(error.value)
     assert time.monotonic() - started < 5

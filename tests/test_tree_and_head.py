@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from eagle_mdsd import head, tree
+from eagle_mdsd.errors import UsageError
 
 from tiny import tiny_target
 
@@ -148,7 +149,7 @@ def test_head_that_does_not_fit_is_refused(tmp_path):
         head.load_head(str(folder), tiny_target(vocab=11, hidden=48))
     with pytest.raises(ValueError, match="vocab_size is 11 in the head but 13"):
         head.load_head(str(folder), tiny_target(vocab=13, hidden=32))
-    with pytest.raises(FileNotFoundError, match="does not exist"):
+    with pytest.raises(UsageError, match="does not exist"):
         head.load_head(str(tmp_path / "nothing"), small)
 
 
@@ -159,7 +160,7 @@ def test_a_head_id_the_hub_cannot_give_is_a_one_line_error(monkeypatch):
         raise OSError("We couldn't connect to the hub.\nCheck your internet connection.")
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
-    with pytest.raises(FileNotFoundError) as error:
+    with pytest.raises(UsageError) as error:
         head.resolve("runs/no_such_head")
     assert str(error.value).startswith("draft head runs/no_such_head is no folder here and the hub did not give it")
     assert "\n" not in str(error.value)

@@ -1,0 +1,161 @@
+"""Checks of what a user gives, where it enters: option values, JSON files and the records of JSONL files.
+
+Each check raises `UsageError` with one line naming the input and the fix.  Record schemas are small dicts of
+field -> `Field`, checked field by field, so that a question, answer or prompt line of an odd type is refused
+when it is read, before it can reach arithmetic, sorting or a model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from .errors import UsageError
+
+SEED_LIMIT = 2**63  # torch.manual_seed takes a signed 64-bit seed, and a turn's seed is seed + its index
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with its errors on one line (it prints the usage block first otherwise); --help keeps the usage."""
+
+    def error(self, message):
+        sys.stderr.write(f"{self.prog}: error: {message} (`{self.prog} --help` lists the options)\n")
+        sys.exit(2)
+
+
+def seed(text: str) -> int:
+    """argparse type: a whole number from 0 to 2**63 - 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number such as 0, got {text!r}") from None
+    if not 0 <= value < SEED_LIMIT:
+        raise argparse.ArgumentTypeError(f"must be from 0 to 2**63 - 1, got {text}")
+    return value
+
+
+_CUDA = re.compile(r"cuda(:\d{1,3})?")
+
+
+def device(text: str) -> str:
+    """argparse type: cpu, cuda or cuda:N."""
+    if text == "cpu" or _CUDA.fullmatch(text):
+        return text
+    raise argparse.ArgumentTypeError(f"unknown device {text!r}: use cpu, cuda or cuda:N")
+
+
+def device_or_auto(text: str) -> str:
+    """argparse type: cpu, cuda, cuda:N, or auto (the model's layers spread over the visible GPUs)."""
+    if text == "auto" or text == "cpu" or _CUDA.fullmatch(text):
+        return text
+    raise argparse.ArgumentTypeError(f"unknown device {text!r}: use cpu, cuda, cuda:N or auto")
+
+
+def read_text(path, what: str, fix: str) -> str:
+    """A text file's contents; a missing, unreadable or undecodable file is a one-line error naming it."""
+    path = Path(path)
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UsageError(f"{what} {path} does not exist: {fix}") from None
+    except IsADirectoryError:
+        raise UsageError(f"{what} {path} is a folder, not a file: {fix}") from None
+    except PermissionError:
+        raise UsageError(f"{what} {path} cannot be read (permission denied): make it readable, or {fix}") from None
+    except UnicodeDecodeError as error:
+        raise UsageError(f"{what} {path} is not UTF-8 text (byte {error.start}): {fix}") from None
+    except OSError as error:
+        raise UsageError(f"{what} {path} cannot be read ({error.strerror or type(error).__name__}): {fix}") from None
+
+
+def read_json(path, what: str, fix: str, kind: type | None = dict):
+    """The JSON value of a file (of type `kind` unless None); a missing, unreadable or malformed file is a
+    one-line error naming it."""
+    text = read_text(path, what, fix)
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise UsageError(f"{what} {path} is not valid JSON ({error.msg} at line {error.lineno}, column "
+                         f"{error.colno}): {fix}") from None
+    except RecursionError:
+        raise UsageError(f"{what} {path} nests too deeply to read: {fix}") from None
+    if kind is not None and not isinstance(value, kind):
+        raise UsageError(f"{what} {path} holds a JSON {type_name(value)}, not an object: {fix}")
+    return value
+
+
+def type_name(value) -> str:
+    """The JSON name of a decoded value's type."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    return {str: "string", list: "list", dict: "object"}.get(type(value), type(value).__name__)
+
+
+# Checks of one decoded JSON value: True when it is of the kind the field wants.
+def is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_count(value) -> bool:
+    return is_int(value) and value >= 0
+
+
+def is_seconds(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+
+def is_text(value) -> bool:
+    return isinstance(value, str)
+
+
+def is_texts(value) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def is_counts(value) -> bool:
+    return isinstance(value, list) and all(is_count(v) for v in value)
+
+
+def is_seconds_list(value) -> bool:
+    return isinstance(value, list) and all(is_seconds(v) for v in value)
+
+
+@dataclass(frozen=True)
+class Field:
+    """One field of a record: its check, what it must be (for the message), and whether it may be absent or
+    null."""
+
+    check: Callable[[object], bool]
+    must_be: str
+    required: bool = True
+    nullable: bool = False
+
+
+def record_fault(record, schema: dict[str, Field], prefix: str = "") -> str | None:
+    """What keeps `record` from matching `schema` (None when it does): the first field that is missing or of
+    the wrong kind, named with `prefix` (e.g. 'choices[0].')."""
+    if not isinstance(record, dict):
+        return f"{prefix.rstrip('.') or 'the line'} is a JSON {type_name(record)}, not an object"
+    for name, field in schema.items():
+        if name not in record:
+            if field.required:
+                return f"no {prefix}{name}"
+            continue
+        value = record[name]
+        if value is None and field.nullable:
+            continue
+        if not field.check(value):
+            shown = json.dumps(value)
+            shown = shown if len(shown) <= 40 else shown[:37] + "..."
+            return f"{prefix}{name} must be {field.must_be}, not {shown}"
+    return None
