@@ -2,11 +2,14 @@
 
 One JSON line per finished question, appended as soon as the question is done:
 {question_id, answer_id, model_id, category, choices: [{index, turns, idxs,
-new_tokens, wall_time, accept_lengths}], tstamp}, with `accept_lengths` one
+new_tokens, wall_time, accept_lengths}], tstamp, settings}, with `accept_lengths` one
 flat list per choice (every cycle of every turn, in order; `idxs` says how
 many belong to each turn), as Spec-Bench and EAGLE write it; files of ours
 from before 2026-11-27 hold one list per turn, and both read (`turn_lengths`).
-A rerun skips the question
+`settings` is ours (other readers skip it): the method, tree, drafter and
+verifier, temperature, token limit, seed, head checksum, dtype and base model
+that made the row; a file holds rows of one setting, and appending others is
+refused.  A rerun skips the question
 ids already in the file; an interrupt never leaves a partial line.  Turns
 after the first see the earlier turns and answers through the one prompt
 builder (`prompts`): fastchat's template where fastchat knows the model
@@ -29,7 +32,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from . import jsonl, models, prompts
+from . import jsonl, models, prompts, validate
+from .errors import Interrupted, UsageError
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,34 @@ class Settings:
     seed: int = 0
     profile: bool = False
     turns: int | None = None  # answer only the first turns (None: all)
+    # what else made the answers, as (name, value) pairs: tree, drafter, verifier, draft vocabulary, head
+    # checksum, dtype, base model (`command_settings`; `suite` for its runs)
+    context: tuple = ()
+
+    def record(self) -> dict:
+        """What every answer row records under 'settings': the settings that made it, as JSON values."""
+        made = {"method": self.method, "temperature": float(self.temperature), "max_new_tokens": self.max_new_tokens,
+                "seed": self.seed, "turns": self.turns, **dict(self.context)}
+        return json.loads(json.dumps(made))  # as a row reads back (tuples as lists)
+
+
+def command_settings(args) -> Settings:
+    """The Settings of a `bench` command line, with the context its rows record; a bad tree, dtype or head is a
+    one-line error here, before any model loads."""
+    from . import dynamic, head as heads
+    from .suite import head_checksum, tree_label
+
+    context = {"dtype": str(models.parse_dtype(args.dtype)).removeprefix("torch."),
+               "base_model": args.base_model or models.EMBEDDED}
+    if args.method == "eagle":
+        topology = dynamic.load(args.tree, total_tokens=args.total_tokens, depth=args.depth, top_k=args.top_k,
+                                nodes=args.nodes, threshold=args.threshold, max_depth=args.max_depth)
+        spec = args.ea_model or models.DEFAULT_HEAD
+        context |= {"tree": tree_label(topology), "drafter": args.drafter, "verifier": args.verifier,
+                    "draft_vocab": args.draft_vocab,
+                    "head": f"random:{args.seed}" if spec == "random" else head_checksum(heads.resolve(str(spec)))}
+    return Settings(args.method, args.max_new_tokens, args.temperature, args.seed, args.profile, args.turns,
+                    tuple(context.items()))
 
 
 def fastchat_template(model_spec: str | None):
@@ -75,9 +107,6 @@ def answer(decoder, tokenizer, question: dict, settings: Settings, template=None
         {"graph_capture_time": captures} if any(captures) else {})
 
 
-ANSWER_LISTS = ("turns", "new_tokens", "idxs", "wall_time")  # one entry per turn in choices[0]
-
-
 def turn_lengths(choice: dict) -> list[list[int]]:
     """A choice's accepted lengths per turn: one flat list split by `idxs` (cycles per turn), or the per-turn
     lists of our older files (a turn without cycles: []); [] when the file has none (our peers' files before
@@ -95,33 +124,99 @@ def turn_lengths(choice: dict) -> list[list[int]]:
     return turns
 
 
+def _is_accept_lengths(value) -> bool:
+    """One flat list of counts (Spec-Bench's and ours), or one list a turn (our older files)."""
+    return validate.is_counts(value) or (isinstance(value, list) and all(validate.is_counts(v) for v in value))
+
+
+def _is_profile(value) -> bool:
+    return isinstance(value, list) and all(isinstance(turn, dict) and all(validate.is_seconds(v) for v in turn.values())
+                                           for turn in value)
+
+
+# An answer line, field by field: what Spec-Bench's and EAGLE's speed.py and our reports read.  Other fields are
+# kept and not read.
+ROW_SCHEMA = {
+    "question_id": validate.Field(validate.is_int, "a whole number"),
+    "model_id": validate.Field(validate.is_text, "a text", required=False, nullable=True),
+    "category": validate.Field(validate.is_text, "a text", required=False, nullable=True),
+    "choices": validate.Field(lambda v: isinstance(v, list) and bool(v) and isinstance(v[0], dict),
+                              "a non-empty list of objects"),
+    "settings": validate.Field(lambda v: isinstance(v, dict), "an object", required=False),
+}
+CHOICE_SCHEMA = {
+    "turns": validate.Field(validate.is_texts, "a list of texts"),
+    "new_tokens": validate.Field(validate.is_counts, "a list of whole numbers of 0 or more"),
+    "idxs": validate.Field(validate.is_counts, "a list of whole numbers of 0 or more"),
+    "wall_time": validate.Field(validate.is_seconds_list, "a list of finite seconds of 0 or more"),
+    "accept_lengths": validate.Field(_is_accept_lengths, "a list of whole numbers (or one such list a turn)",
+                                     required=False),
+    "profile": validate.Field(_is_profile, "a list of {phase: seconds} objects", required=False),
+    "graph_capture_time": validate.Field(validate.is_seconds_list, "a list of finite seconds", required=False),
+}
+ANSWER_LISTS = ("turns", "new_tokens", "idxs", "wall_time")  # one entry per turn in choices[0]
+
+
 def _answer_fault(row) -> str | None:
     """What keeps `row` from being an answer record the reports can read (None when it is one)."""
-    if not isinstance(row, dict) or "question_id" not in row:
-        return "no question_id"
-    choices = row.get("choices")
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        return "no choices[0]"
-    turns = [choices[0].get(key) for key in ANSWER_LISTS]
-    missing = [key for key, value in zip(ANSWER_LISTS, turns) if not isinstance(value, list)]
-    if missing:
-        return f"no list choices[0].{missing[0]}"
-    if len({len(value) for value in turns}) > 1:
+    fault = validate.record_fault(row, ROW_SCHEMA) or validate.record_fault(row["choices"][0], CHOICE_SCHEMA,
+                                                                             "choices[0].")
+    if fault:
+        return fault
+    if len({len(row["choices"][0][key]) for key in ANSWER_LISTS}) > 1:
         return f"choices[0].{'/'.join(ANSWER_LISTS)} of different lengths"
     return None
 
 
 def read_rows(answer_file: Path) -> list[dict]:
     """The finished questions of an answer file (none if it does not exist; a line cut short is not one, see
-    jsonl.py); a line that is not an answer record (an edited or foreign file) is a one-line error naming it."""
+    jsonl.py); a line that is not an answer record (an edited or foreign file), or a question answered twice, is
+    a one-line error naming it."""
     numbered = jsonl.lines(answer_file)  # read once: the records and their line numbers
-    rows = jsonl.decode(numbered, str(answer_file), "delete that line, and a rerun writes its record again")
+    rows = jsonl.decode(numbered, f"answer file {answer_file}", "delete that line, and a rerun writes its record again")
+    seen = {}
     for (number, _), row in zip(numbered, rows):
         fault = _answer_fault(row)
         if fault:
-            raise ValueError(f"answer file {answer_file}, line {number} is not an answer record ({fault}): "
+            raise UsageError(f"answer file {answer_file}, line {number} is not an answer record ({fault}): "
                              f"delete that line, and `eagle-mdsd bench` answers its question again")
+        if row["question_id"] in seen:
+            raise UsageError(f"answer file {answer_file} answers question {row['question_id']} twice (lines "
+                             f"{seen[row['question_id']]} and {number}): delete one of them")
+        seen[row["question_id"]] = number
     return rows
+
+
+def settings_difference(made: dict, wanted: dict) -> str:
+    """'key made -> wanted; ...' over the keys whose values differ."""
+    keys = list(dict.fromkeys([*made, *wanted]))
+    return "; ".join(f"{key} {json.dumps(made.get(key))} -> {json.dumps(wanted.get(key))}" for key in keys
+                     if made.get(key) != wanted.get(key))
+
+
+def check_answer_file(answer_file: Path, settings: Settings, questions: list[dict], vouched: bool = False) -> None:
+    """One-line error unless `questions` can be answered into `answer_file`: a file (made if missing) whose rows
+    (and its shards') were made with `settings` - a file holds the answers of one setting, or its summary would
+    average two.  Rows from before rows recorded their settings are taken as made with these only when
+    `vouched` (a benchmark's settings.json says so) or when none of `questions` is left to append to them."""
+    answer_file = Path(answer_file)
+    if answer_file.is_dir():
+        raise UsageError(f"--answer-file {answer_file} is a folder: give a .jsonl file in it (made if missing)")
+    wanted = settings.record()
+    unrecorded, finished = 0, set()
+    for path in [Path(answer_file), *shard_files(Path(answer_file))]:
+        for row in read_rows(path):
+            finished.add(row["question_id"])
+            made = row.get("settings")
+            if made is None:
+                unrecorded += 1
+            elif made != wanted:
+                raise UsageError(f"answer file {answer_file} holds answers made with other settings "
+                                 f"({settings_difference(made, wanted)}): pass another --answer-file, or the "
+                                 f"settings of its answers")
+    if unrecorded and not vouched and any(q["question_id"] not in finished for q in questions):
+        raise UsageError(f"answer file {answer_file} holds {unrecorded} answers that record no settings (written "
+                         f"before rows recorded them): pass another --answer-file to answer with these settings")
 
 
 def shard_files(answer_file: Path) -> list[Path]:
@@ -151,11 +246,14 @@ def merge_shards(answer_file: Path) -> None:
 
 def run(decoder, tokenizer, questions: list[dict], answer_file: Path, model_id: str, settings: Settings,
         template=None, warmup: bool = True, process: tuple[int, int] = (0, 1), progress: bool = True,
-        share_out: bool = True) -> Path:
+        share_out: bool = True, vouched: bool = False, command: str | None = None) -> Path:
     """Answer the unfinished `questions` into `answer_file`; process = (index, count) shares them out and writes
-    this process's shard file (share_out False: the caller already gave this process its own questions)."""
+    this process's shard file (share_out False: the caller already gave this process its own questions).  Every
+    row records `settings`; a file of answers made otherwise is refused (`check_answer_file`).  Ctrl-C ends in
+    `Interrupted`, saying what was answered and `command`, which continues."""
     index, count = process
     answer_file = Path(answer_file)
+    check_answer_file(answer_file, settings, questions, vouched)
     answer_file.parent.mkdir(parents=True, exist_ok=True)
     done = finished_ids(answer_file)
     # Share out the full list, not what is left: the shares must not depend on when each process looks.
@@ -163,14 +261,20 @@ def run(decoder, tokenizer, questions: list[dict], answer_file: Path, model_id: 
     target_file = answer_file if count == 1 else answer_file.with_name(
         f"{answer_file.stem}.shard{index:03d}-of-{count:03d}.jsonl")
     jsonl.drop_cut_short_line(target_file)
-    if todo and warmup:  # first calls pay one-off costs (allocations, kernels): not timed
-        decoder.generate(conversation_ids(tokenizer, ["Hello!"], [], template), 16, settings.temperature,
-                         settings.seed, settings.method)
-    for question in tqdm(todo, desc=f"{model_id} {settings.method}", disable=index > 0 or not progress):
-        choice = answer(decoder, tokenizer, question, settings, template)
-        line = json.dumps({"question_id": question["question_id"], "answer_id": uuid.uuid4().hex,
-                           "model_id": model_id, "category": question.get("category"), "choices": [choice],
-                           "tstamp": time.time()})
-        with target_file.open("a") as handle:  # one write per finished question
-            handle.write(line + "\n")
+    answered = 0
+    try:
+        if todo and warmup:  # first calls pay one-off costs (allocations, kernels): not timed
+            decoder.generate(conversation_ids(tokenizer, ["Hello!"], [], template), 16, settings.temperature,
+                             settings.seed, settings.method)
+        for question in tqdm(todo, desc=f"{model_id} {settings.method}", disable=index > 0 or not progress):
+            choice = answer(decoder, tokenizer, question, settings, template)
+            jsonl.append(target_file, {"question_id": question["question_id"], "answer_id": uuid.uuid4().hex,
+                                       "model_id": model_id, "category": question.get("category"),
+                                       "choices": [choice], "tstamp": time.time(), "settings": settings.record()})
+            answered += 1
+    except KeyboardInterrupt:
+        left = len(todo) - answered
+        again = f"run `{command}` again" if command else "run the same command again"
+        raise Interrupted(f"{len(questions) - left} of {len(questions)} questions are answered in {target_file}, "
+                          f"{left} are not (the one under way is dropped whole); {again} to answer the rest") from None
     return target_file

@@ -8,15 +8,22 @@ group: its total tokens over its total seconds, and the mean over its questions
 of each question's tokens over seconds (how Spec-Bench's and EAGLE's speed.py
 compute speed; their speedup is the ratio of those means).  A speedup compares
 a method with the baseline on the questions both files answered.
+
+A file whose rows record different settings (`bench` refuses to write one, a
+hand-joined file can hold one) is refused unless `mixed_settings` asks to
+average them; rows without settings (files written before rows recorded
+them) count as one setting of their own, so an older file reads as before.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
+import json
 from pathlib import Path
 
-from . import bench
+from . import bench, outputs
+from .errors import UsageError
 
 PHASES = ("draft", "target", "verify", "commit")
 MAX_DEPTH = 8  # columns of the acceptance-by-depth table
@@ -93,26 +100,40 @@ def _by_category(rows: list[dict]) -> dict[str, list[dict]]:
     return groups
 
 
+def one_setting(rows: list[dict], answer_file: Path, mixed_settings: bool = False) -> list[dict]:
+    """`rows`, after a one-line error if they record more than one setting and `mixed_settings` is False."""
+    kinds = list(dict.fromkeys(json.dumps(row.get("settings"), sort_keys=True) for row in rows))
+    if len(kinds) > 1 and not mixed_settings:
+        first, other = (json.loads(kind) for kind in kinds[:2])
+        difference = (bench.settings_difference(first, other) if first is not None and other is not None
+                      else "some rows record no settings")
+        raise UsageError(f"answer file {answer_file} holds answers of {len(kinds)} settings ({difference}): report "
+                         f"one file a setting, or pass --mixed-settings to average them")
+    return rows
+
+
 def summarise(answer_file: Path) -> dict[str, dict]:
     """Totals (tau, tokens/s, ...) per category and overall ('all') of one answer file."""
     return {name: _totals(group) for name, group in _by_category(bench.read_rows(answer_file)).items()}
 
 
 def compare(answer_files: list[Path], baseline: Path | None = None, labels: list[str] | None = None,
-            paired: bool = False, window: int | None = None) -> list[dict]:
+            paired: bool = False, window: int | None = None, mixed_settings: bool = False) -> list[dict]:
     """One entry per answer file: its label and, per category, totals and the speedup over `baseline`; with
     `paired`, each drafting file's tau per question against the first drafting file's (`paired_tau`); with
-    `window`, each drafting file's tau by position in the answer (`tau_by_position`, all categories)."""
+    `window`, each drafting file's tau by position in the answer (`tau_by_position`, all categories).  A file of
+    several settings is refused unless `mixed_settings` (`one_setting`)."""
     if window is not None and window < 1:
-        raise ValueError(f"--window is {window}: pass a number of tokens of 1 or more")
-    base_rows = {r["question_id"]: r for r in bench.read_rows(baseline)} if baseline else {}
+        raise UsageError(f"--window is {window}: pass a number of tokens of 1 or more")
+    base_rows = {r["question_id"]: r for r in one_setting(bench.read_rows(baseline), baseline, mixed_settings)
+                 } if baseline else {}
     if baseline and not base_rows:
-        raise ValueError(f"baseline answer file {baseline} is missing or empty: run its benchmark first")
+        raise UsageError(f"baseline answer file {baseline} is missing or empty: run its benchmark first")
     entries, taus = [], []
     for i, path in enumerate(answer_files):
-        rows = bench.read_rows(path)
+        rows = one_setting(bench.read_rows(path), path, mixed_settings)
         if not rows:
-            raise ValueError(f"answer file {path} is missing or empty: run `eagle-mdsd bench` to write it")
+            raise UsageError(f"answer file {path} is missing or empty: run `eagle-mdsd bench` to write it")
         categories = {}
         for name, group in _by_category(rows).items():
             totals = _totals(group)
@@ -233,22 +254,21 @@ def bar_chart(entries: list[dict], png: Path, baseline: Path | None = None) -> P
     axes.set_ylabel("speedup over baseline" if baseline is not None else "tokens/s")
     axes.legend(fontsize="small")
     figure.tight_layout()
-    png = Path(png)
-    png.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(png, dpi=120)
+    png = outputs.save_figure(figure, png, dpi=120)
     plt.close(figure)
     return png
 
 
 def write(answer_files: list[Path], out: Path, baseline: Path | None = None, title: str = "",
-          labels: list[str] | None = None, paired: bool = False, window: int | None = None) -> tuple[Path, Path]:
-    """out.md (the tables) and out.png (the chart)."""
-    entries = compare(answer_files, baseline, labels, paired, window)
+          labels: list[str] | None = None, paired: bool = False, window: int | None = None,
+          mixed_settings: bool = False) -> tuple[Path, Path]:
+    """out.md (the tables) and out.png (the chart), each written whole."""
+    entries = compare(answer_files, baseline, labels, paired, window, mixed_settings)
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    if not out.name or out.is_dir() or out.with_suffix(".md").is_dir():
+        raise UsageError(f"--out {out} is a folder: give a path and file stem such as {out / 'report'}")
     text = (f"# {title}\n\n" if title else "") + markdown(entries)
     if baseline is not None:
         text += f"\nSpeedup = tokens/s over tokens/s of `{Path(baseline).name}` on the same questions.\n"
-    md = out.with_suffix(".md")
-    md.write_text(text)
+    md = outputs.write_atomically(out.with_suffix(".md"), text)
     return md, bar_chart(entries, out.with_suffix(".png"), baseline)

@@ -12,6 +12,7 @@ import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from eagle_mdsd import bench, benchmarks, cli, engine, head, kernels, models, peers, questions, report, suite, tree
+from eagle_mdsd.errors import UsageError
 
 
 @pytest.fixture(scope="module")
@@ -156,11 +157,11 @@ def test_a_line_that_is_not_an_answer_record_is_a_one_line_error_naming_it(tmp_p
     answers = tmp_path / "answers.jsonl"
     good = json.dumps(_fake_row(1, "x", [10], [1.0], [5]))
     for bad, problem in (('{"question_id": 2, "choices": [', "is not JSON"),
-                         ("[1, 2]", "is not an answer record \\(no question_id"),
-                         ('{"question_id": 2}', "is not an answer record \\(no choices\\[0\\]"),
+                         ("[1, 2]", "is not an answer record \\(the line is a JSON list, not an object"),
+                         ('{"question_id": 2}', "is not an answer record \\(no choices\\)"),
                          (json.dumps({"question_id": 2, "choices": [{"turns": ["a"], "new_tokens": [3],
                                                                      "wall_time": [1.0]}]}),
-                          "is not an answer record \\(no list choices\\[0\\].idxs"),
+                          "is not an answer record \\(no choices\\[0\\].idxs"),
                          (json.dumps(_fake_row(2, "x", [10, 12], [1.0], [5, 6])), "is not an answer record .*of different lengths")):
         answers.write_text(good + "\n\n" + bad + "\n")
         with pytest.raises(ValueError, match=f"answers.jsonl, line 3 {problem}"):
@@ -320,16 +321,16 @@ def test_a_question_file_of_your_own(tmp_path):
     for record in ({"turns": "one text, not a list"}, {"turns": []}, {"turns": ["A?", 3]}, {"prompt": ""},
                    {"prompt": ["A?"]}):  # the first was read as one turn a letter
         (tmp_path / "bad.jsonl").write_text(json.dumps({"prompt": "Fine."}) + "\n" + json.dumps(record))
-        with pytest.raises(ValueError, match="bad.jsonl line 2: 'turns' must be a non-empty list of texts"):
+        with pytest.raises(ValueError, match="bad.jsonl line 2 is not a question \\((turns|prompt) must be a non-"):
             questions.load(str(tmp_path / "bad.jsonl"))
     (tmp_path / "bad.jsonl").write_text(json.dumps(["A?", "B?"]) + "\n")
-    with pytest.raises(ValueError, match="bad.jsonl line 1 has neither 'turns' nor 'prompt'"):
+    with pytest.raises(ValueError, match="bad.jsonl line 1 is not a question \\(the line is a JSON list"):
         questions.load(str(tmp_path / "bad.jsonl"))
     (tmp_path / "twice.jsonl").write_text(json.dumps({"prompt": "A?"}) + "\n"
                                           + json.dumps({"question_id": 0, "turns": ["B?"]}))
     with pytest.raises(ValueError, match="question_id 0 appears twice in .*twice.jsonl"):
         questions.load(str(tmp_path / "twice.jsonl"))
-    with pytest.raises(FileNotFoundError, match="question file .*nope.jsonl does not exist"):
+    with pytest.raises(UsageError, match="question file .*nope.jsonl does not exist"):
         questions.load(str(tmp_path / "nope.jsonl"))
 
 
