@@ -27,8 +27,11 @@ from pathlib import Path
 
 import torch
 
-from . import engine, models, tree as trees
+from . import engine, models, outputs, tree as trees
 from .cache import KVCache
+from .errors import UsageError
+
+OUT_DIR = Path("runs") / "sequoia"  # where trees are written by default: never the package's own tree_configs/
 
 NEG = float("-inf")
 
@@ -183,22 +186,22 @@ def build(decoder_for, tokenizer, out: Path, max_nodes: int, max_depth: int, har
               "acceptance": acceptance, "visits": visits, "temperature": temperature,
               "max_nodes": max_nodes, "max_depth": max_depth, "hardware_aware": hardware_aware,
               "timings": timings, "verify_s": verify_s}
-    out.write_text(json.dumps(record, indent=1) + "\n")
+    outputs.write_atomically(out, json.dumps(record, indent=1) + "\n")
     return record
 
 
-def output_path(name: str, out_dir: Path = trees.TREE_DIR) -> Path:
-    """out_dir/NAME.json; NAME must be a plain file name, and an existing tree there one that Sequoia wrote
-    (a rerun may replace it, a hand-written topology such as eagle_default is kept)."""
+def output_path(name: str, out_dir: Path = OUT_DIR) -> Path:
+    """out_dir/NAME.json (default runs/sequoia/; `--tree` takes its path); NAME must be a plain file name, and
+    an existing tree there one that Sequoia wrote (a rerun may replace it, a hand-written topology is kept)."""
     if not name or name.startswith(".") or Path(name).name != name or "\\" in name:
-        raise ValueError(f"--name {name!r} must be a plain file name such as my_tree (written to "
-                         f"{Path(out_dir).name}/NAME.json)")
+        raise UsageError(f"--name {name!r} must be a plain file name such as my_tree (written to "
+                         f"{Path(out_dir) / 'NAME.json'})")
     out = Path(out_dir) / f"{name}.json"
     if out.exists():
         try:
             written_by_sequoia = "hardware_aware" in json.loads(out.read_text())
-        except (json.JSONDecodeError, TypeError):
+        except (json.JSONDecodeError, TypeError, UnicodeDecodeError, OSError):
             written_by_sequoia = False
         if not written_by_sequoia:
-            raise ValueError(f"{Path(out_dir).name}/{name}.json is a tree Sequoia did not write: pick another --name")
+            raise UsageError(f"{out} is a tree Sequoia did not write: pick another --name")
     return out

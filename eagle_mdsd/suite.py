@@ -9,7 +9,11 @@ question set with every (tree, drafter, verifier, temperature) cell.  Both
 resume from their answer files, and only when those were made the same way:
 the answer folder's settings.json records the head (a checksum of its files),
 dtype, trees, pair, draft vocabulary, seed and length, and a rerun with other
-settings under the same name is refused.
+settings under the same name is refused, and so is a file whose rows record
+other settings (`bench.check_answer_file`).  A fresh run's folder is made in
+one `os.mkdir` before the model loads and its pages must not exist yet; a
+resumed run rewrites its own page, which lists the questions its table holds.
+Ctrl-C ends in one line with the `--resume` command that continues the run.
 """
 
 from __future__ import annotations
@@ -20,12 +24,15 @@ import hashlib
 import json
 import os
 import re
+import shlex
 from pathlib import Path
 
 from tqdm import tqdm
 
-from . import bench, dynamic, engine, head, kernels, lookup, models, peers, questions, report, verification
+from . import (bench, dynamic, engine, head, kernels, lookup, models, outputs, peers, questions, report, validate,
+               verification)
 from .benchmarks import machine, machine_line
+from .errors import Interrupted, UsageError
 from .tree import Tree
 
 METHODS = ("eagle", "baseline") + peers.METHODS
@@ -47,7 +54,7 @@ def make_runner(method: str, target, tokenizer, draft_head=None, topology=None, 
     if method in peers.METHODS:
         return peers.TransformersPeer(target, eos)
     if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}: use one of {', '.join(METHODS)}")
+        raise UsageError(f"unknown method {method!r}: use one of {', '.join(METHODS)}")
     if method == "baseline":
         return engine.Decoder(target, eos_token_ids=eos, kernels_choice=kernels_choice, cuda_graphs=cuda_graphs)
     return engine.Decoder(target, draft_head, topology, drafter, verifier, eos_token_ids=eos, draft_vocab=draft_vocab,
@@ -76,7 +83,7 @@ def tree_and_pair(entry: str, drafter: str, verifier: str) -> tuple[str, str, st
         return spec, drafter, verifier
     own_drafter, slash, own_verifier = pair.partition("/")
     if not slash or not own_drafter or not own_verifier:
-        raise ValueError(f"tree {entry!r}: write a tree's own pair as TREE@DRAFTER/VERIFIER, "
+        raise UsageError(f"tree {entry!r}: write a tree's own pair as TREE@DRAFTER/VERIFIER, "
                          f"e.g. eagle2@greedy/greedy")
     return spec, own_drafter, own_verifier
 
@@ -87,7 +94,7 @@ def parse_sampling_pair(text: str, drafter: str, verifier: str) -> tuple[str, st
         return drafter, verifier
     sampled_drafter, slash, sampled_verifier = text.partition("/")
     if not slash or not sampled_drafter or not sampled_verifier:
-        raise ValueError(f"--sampling-pair {text!r}: write DRAFTER/VERIFIER, e.g. {SAMPLING_PAIR}, or 'same'")
+        raise UsageError(f"--sampling-pair {text!r}: write DRAFTER/VERIFIER, e.g. {SAMPLING_PAIR}, or 'same'")
     verification.check_pair(sampled_drafter, sampled_verifier)
     return sampled_drafter, sampled_verifier
 
@@ -114,7 +121,7 @@ def benchmark_setups(trees, drafter: str, verifier: str, sampled: tuple[str, str
             if sampling_tree != "same":
                 sampled_topology = dynamic.load(sampling_tree)
                 if not isinstance(sampled_topology, Tree):
-                    raise ValueError(f"--sampling-tree {sampling_tree}: give a static tree (a name, chainN or a "
+                    raise UsageError(f"--sampling-tree {sampling_tree}: give a static tree (a name, chainN or a "
                                      f"file), or 'same'")
                 if grafted:  # TREE+lookupN samples on SAMPLING_TREE+lookupN
                     sampled_topology = lookup.LookupTree(sampled_topology, grafted)
@@ -179,25 +186,34 @@ def check_settings(folder: Path, settings: dict) -> None:
     """Record how folder's answers are made (settings.json), or refuse to resume answers made otherwise."""
     record = Path(folder) / "settings.json"
     if record.exists():
-        made = json.loads(record.read_text())
+        made = _read_settings(record)
         changed = [f"{key} {made.get(key)} -> {value}" for key, value in settings.items() if made.get(key) != value]
         if changed:
-            raise ValueError(f"{folder} holds answers made with other settings ({'; '.join(changed)}): pass "
+            raise UsageError(f"{folder} holds answers made with other settings ({'; '.join(changed)}): pass "
                              f"another --name, or delete the folder to start over")
         return
     if any(Path(folder).glob("*.jsonl")):
-        raise ValueError(f"{folder} holds answers without a settings.json, made with unknown settings: pass "
+        raise UsageError(f"{folder} holds answers without a settings.json, made with unknown settings: pass "
                          f"another --name, or delete the folder to start over")
     _write_settings(folder, settings)
 
 
+def _read_settings(record: Path) -> dict:
+    """A run's settings.json; a broken one is a one-line error naming it."""
+    made = validate.read_json(record, "run settings", "restore it from the run's copy, or delete the run folder "
+                                                      "to start over")
+    machine_record = made.get("machine")
+    if machine_record is not None and not (isinstance(machine_record, dict)
+                                           and {"cpu", "threads", "torch"} <= set(machine_record)
+                                           and isinstance(machine_record["cpu"], str)):
+        raise UsageError(f"run settings {record} has a 'machine' that is no record of a machine: restore it from "
+                         f"the run's copy, or delete the run folder to start over")
+    return made
+
+
 def _write_settings(folder: Path, settings: dict) -> None:
     """folder/settings.json, written whole or not at all."""
-    Path(folder).mkdir(parents=True, exist_ok=True)
-    record = Path(folder) / "settings.json"
-    staging = record.with_suffix(".tmp")
-    staging.write_text(json.dumps(settings, indent=1) + "\n")
-    os.replace(staging, record)
+    outputs.write_atomically(Path(folder) / "settings.json", json.dumps(settings, indent=1) + "\n")
 
 
 def timing_machine(folder: Path, answer_files, chosen: list[dict], device: str = "cpu") -> dict:
@@ -208,13 +224,13 @@ def timing_machine(folder: Path, answer_files, chosen: list[dict], device: str =
     wanted = {q["question_id"] for q in chosen}
     finished = all(wanted <= bench.finished_ids(Path(f)) for f in answer_files)
     record = Path(folder) / "settings.json"
-    settings = json.loads(record.read_text()) if record.exists() else {}
+    settings = _read_settings(record) if record.exists() else {}
     here, made = machine(device), settings.get("machine")
     if made is None:
         settings["machine"] = made = here
         _write_settings(folder, settings)
     elif (made["cpu"], made.get("gpu")) != (here["cpu"], here.get("gpu")) and not finished:
-        raise ValueError(f"{folder} holds answers timed on {machine_line(made)} and this machine is "
+        raise UsageError(f"{folder} holds answers timed on {machine_line(made)} and this machine is "
                          f"{machine_line(here)}: finish them there, or pass another --name")
     return made
 
@@ -249,28 +265,59 @@ class BenchmarkPlan:
     max_new_tokens: int = 128
     seed: int = 0
     name: str | None = None
+    new_run: bool = False  # a fresh run: its folder is made here (or refused) and its pages must not exist
 
     def __post_init__(self):
         for method in self.methods:
             if method not in METHODS:
-                raise ValueError(f"unknown method {method!r}: use one of {', '.join(METHODS)}")
+                raise UsageError(f"unknown method {method!r}: use one of {', '.join(METHODS)}")
 
 
 def run_benchmark(out: Path, answers: Path, plan: BenchmarkPlan = BenchmarkPlan(), process: tuple[int, int] = (0, 1),
                   barrier=lambda: None, command: str | None = None) -> dict | None:
+    """`answer_and_report`; Ctrl-C once the run's folder is there ends in one line (`Interrupted`) saying how
+    many questions every method answered and the command that continues the run."""
+    progress = {}  # set as the run goes: its folder, the questions this process answers, how many are done
+    try:
+        return answer_and_report(out, answers, plan, process, barrier, command, progress)
+    except KeyboardInterrupt:
+        if "folder" not in progress:
+            raise  # nothing of the run is written yet
+        done, mine = progress["answered"], progress["questions"]
+        raise Interrupted(f"{done} of {mine} questions are answered by every method in {progress['folder']}, "
+                          f"{mine - done} are not (answers under way are dropped whole) and the page is not "
+                          f"written; continue with "
+                          f"`{resume_command(command, progress['folder'].name, 'benchmark')}`") from None
+
+
+def answer_and_report(out: Path, answers: Path, plan: BenchmarkPlan = BenchmarkPlan(),
+                      process: tuple[int, int] = (0, 1), barrier=lambda: None, command: str | None = None,
+                      progress: dict | None = None) -> dict | None:
     """Answer into answers/NAME/, then report into out/NAME.{json,md,_t*.png} (naming `command`, the command
-    line that ran it, when given); a rerun with the same name resumes.  process = (index, count) of processes started together (accelerate launch, torchrun): each answers
+    line that ran it, when given); a rerun with the same name resumes, and Ctrl-C names the command that does.
+    process = (index, count) of processes started together (accelerate launch, torchrun): each answers
     every count-th question into shard files, `barrier` waits for all of them, and the first merges the shards
     and reports (the others return None)."""
     index, count = process
+    progress = {} if progress is None else progress
     sampled_drafter, sampled_verifier = parse_sampling_pair(plan.sampling_pair, plan.drafter, plan.verifier)
     setups = benchmark_setups(plan.trees, plan.drafter, plan.verifier, (sampled_drafter, sampled_verifier),
                               plan.sampling_tree)
     chosen = spread(questions.load(plan.bench_name), plan.count)
+    date = datetime.date.today().isoformat()
+    name = plan.name or f"benchmark_{date}_{plan.dtype}"
+    stem = Path(out) / name
+    if plan.new_run and index == 0:  # before the model loads: a page is never overwritten, a folder never shared
+        outputs.refuse_existing([stem.with_suffix(".md"), stem.with_suffix(".json")]
+                                + [stem.with_name(f"{name}_{_temperature_tag(t)}.png") for t in plan.temperatures],
+                                "page", "pass another --name, or another --out")
+        outputs.new_run_folder(Path(answers) / name, f"pass another --name, or --resume {name} to continue it")
+    progress.update(folder=Path(answers) / name, questions=len(chosen[index::count]), answered=0)
     target, tokenizer = models.load_target(None, models.parse_dtype(plan.dtype), plan.device)
     used_kernels = kernels_used(plan.kernels_choice, target)
     draft_head = head.load_head(models.DEFAULT_HEAD, target) if "eagle" in plan.methods else None
     runners = {}  # (sampled, label) -> (method, runner): EAGLE once per tree (and pair)
+    made_with = {}  # (sampled, label) -> the tree and pair its rows record
     made = {}  # one decoder when both temperatures share the tree and pair
     for method in plan.methods:
         if method != "eagle":
@@ -284,15 +331,16 @@ def run_benchmark(out: Path, answers: Path, plan: BenchmarkPlan = BenchmarkPlan(
                 if key not in made:
                     made[key] = make_runner(method, target, tokenizer, draft_head, topology, *pair,
                                             plan.draft_vocab, plan.kernels_choice, plan.cuda_graphs)
-                runners[sampled, "eagle" if len(setups) == 1 else f"eagle[{tree_name}]"] = (method, made[key])
+                label = "eagle" if len(setups) == 1 else f"eagle[{tree_name}]"
+                runners[sampled, label] = (method, made[key])
+                made_with[sampled, label] = {"tree": tree_name, "drafter": pair[0], "verifier": pair[1]}
                 # (entries sharing the sampling tree share its label, so it runs once at T > 0)
-    date = datetime.date.today().isoformat()
-    name = plan.name or f"benchmark_{date}_{plan.dtype}"
     draft_vocab = engine.resolve_draft_vocab(draft_head, plan.draft_vocab)
+    checksum = head_checksum(models.DEFAULT_HEAD) if draft_head is not None else None
     if index > 0:
         barrier()  # the first process records the settings and the machine before the others read them
     check_settings(Path(answers) / name, {
-        "head": head_checksum(models.DEFAULT_HEAD) if draft_head is not None else None, "dtype": plan.dtype,
+        "head": checksum, "dtype": plan.dtype,
         "bench": plan.bench_name, "max_new_tokens": plan.max_new_tokens, "seed": plan.seed,
         "trees": [s[False][0] for s in setups], "drafter": plan.drafter, "verifier": plan.verifier,
         "draft_vocab": draft_vocab, "sampling_pair": f"{sampled_drafter}/{sampled_verifier}", "kernels": used_kernels,
@@ -300,6 +348,13 @@ def run_benchmark(out: Path, answers: Path, plan: BenchmarkPlan = BenchmarkPlan(
     files = {(t, label): Path(answers) / name / _file_safe(
         f"{plan.bench_name}-{models.EMBEDDED_NAME}-{label}-{_temperature_tag(t)}.jsonl")
         for t in plan.temperatures for sampled, label in runners if sampled == (t > 0)}
+    context = {"dtype": str(models.parse_dtype(plan.dtype)).removeprefix("torch."), "base_model": models.EMBEDDED}
+    eagle = {key: value | {"draft_vocab": draft_vocab, "head": checksum} for key, value in made_with.items()}
+    row_settings = {(t, label): bench.Settings(runners[t > 0, label][0], plan.max_new_tokens, t, plan.seed,
+                                               context=tuple((context | eagle.get((t > 0, label), {})).items()))
+                    for t, label in files}
+    for (t, label), answer_file in files.items():  # before any answer: a file of other settings is refused
+        bench.check_answer_file(answer_file, row_settings[t, label], chosen, vouched=True)
     timed_on = timing_machine(Path(answers) / name, files.values(), chosen, plan.device)
     if index == 0:
         barrier()
@@ -312,33 +367,51 @@ def run_benchmark(out: Path, answers: Path, plan: BenchmarkPlan = BenchmarkPlan(
         for (t, label), answer_file in files.items():
             method, runner = runners[t > 0, label]
             bench.run(runner, tokenizer, [question], answer_file, f"{models.EMBEDDED_NAME}-{label}",
-                      bench.Settings(method, plan.max_new_tokens, t, plan.seed), warmup=False, progress=False,
-                      process=process, share_out=False)
+                      row_settings[t, label], warmup=False, progress=False, process=process, share_out=False,
+                      vouched=True)
+        progress["answered"] += 1
     barrier()
     if index > 0:
         return None
     for answer_file in files.values():
         bench.merge_shards(answer_file)
+    held = sorted(set().union(*(bench.finished_ids(f) for f in files.values())))  # what the tables hold
     result = {"name": name, "date": date, "machine": timed_on, **({"command": command} if command else {}),
               "bench": plan.bench_name,
-              "questions": [q["question_id"] for q in chosen],
+              "questions": held,
               "dtype": plan.dtype, "device": plan.device, "max_new_tokens": plan.max_new_tokens,
               "trees": [setup[False][0] for setup in setups],
               "drafter": plan.drafter, "verifier": plan.verifier,
               "sampling_pair": f"{sampled_drafter}/{sampled_verifier}", "sampling_tree": plan.sampling_tree,
               "draft_vocab": draft_vocab, "kernels": used_kernels,
               "temperatures": {}}
-    out = Path(out)
-    stem = out / name
     for t in plan.temperatures:
         baseline = files[t, "baseline"] if "baseline" in plan.methods else None
         labels = [label for sampled, label in runners if sampled == (t > 0) and (t, label) in files]
         entries = report.compare([files[t, label] for label in labels], baseline, labels=labels)
         report.bar_chart(entries, stem.with_name(f"{stem.name}_{_temperature_tag(t)}.png"), baseline)
         result["temperatures"][_temperature_tag(t)] = {"entries": entries}
-    stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
-    stem.with_suffix(".md").write_text(benchmark_markdown(result, stem.name))
+    outputs.write_atomically(stem.with_suffix(".json"), json.dumps(result, indent=1))
+    outputs.write_atomically(stem.with_suffix(".md"), benchmark_markdown(result, stem.name))
     return result
+
+
+def resume_command(command: str | None, name: str, kind: str) -> str:
+    """The command line that continues run `name`: `command` with --name NAME turned into --resume NAME (one
+    that already resumes stays as it is); without a command, the bare `eagle-mdsd KIND --resume NAME`."""
+    if not command:
+        return f"eagle-mdsd {kind} --resume {name} (with the options of the interrupted run)"
+    words, kept, skip = shlex.split(command), [], False
+    if any(word == "--resume" or word.startswith("--resume=") for word in words):
+        return command
+    for word in words:
+        if skip:
+            skip = False
+        elif word == "--name":
+            skip = True
+        elif not word.startswith("--name="):
+            kept.append(word)
+    return shlex.join(kept + ["--resume", name])
 
 
 def comparisons(entries: list[dict], temperature: float) -> list[str]:
@@ -413,11 +486,13 @@ class SweepPlan:
     device: str = "cpu"
     seed: int = 0
     name: str | None = None
+    new_run: bool = False  # a fresh run: its folder is made here (or refused) and its page must not exist
 
 
-def sweep(out: Path, answers: Path, plan: SweepPlan = SweepPlan()) -> Path:
+def sweep(out: Path, answers: Path, plan: SweepPlan = SweepPlan(), command: str | None = None) -> Path:
     """EAGLE with every (tree, pair, temperature) of `plan` that fits; tau and tokens/s per cell into
-    out/<name>.{md,json}."""
+    out/<name>.{md,json}; Ctrl-C names the command (`command`, the one that ran it, made to resume) that
+    continues."""
     pairs = plan.pairs or verification.pairs()
     topologies = {tree_label(topology): topology for topology in map(dynamic.load, plan.trees)}
     for drafter, verifier in pairs:
@@ -432,34 +507,52 @@ def sweep(out: Path, answers: Path, plan: SweepPlan = SweepPlan()) -> Path:
                     continue  # e.g. spechub needs two children at every node; dynamic trees take topk only
                 cells.append((t, tree_name, drafter, verifier))
     if not cells:
-        raise ValueError(f"no pair of --pairs fits any tree of --trees ({', '.join(topologies)}): e.g. spechub needs "
+        raise UsageError(f"no pair of --pairs fits any tree of --trees ({', '.join(topologies)}): e.g. spechub needs "
                          f"two children at every node, opt_tree topk drafts")
     chosen = spread(questions.load(plan.bench_name), plan.count)
-    target, tokenizer = models.load_target(None, models.parse_dtype(plan.dtype), plan.device)
-    draft_head = head.load_head(models.DEFAULT_HEAD, target)
     name = plan.name or f"sweep_{datetime.date.today().isoformat()}_{plan.dtype}"
-    files = {cell: Path(answers) / name / _file_safe(f"{tree}-{drafter}-{verifier}-{_temperature_tag(t)}.jsonl")
-             for cell in cells for t, tree, drafter, verifier in [cell]}
-    timed_on = timing_machine(Path(answers) / name, files.values(), chosen, plan.device)
-    rows = []
-    for t, tree_name, drafter, verifier in tqdm(cells, desc="sweep cells"):
-        runner = make_runner("eagle", target, tokenizer, draft_head, topologies[tree_name], drafter, verifier,
-                             plan.draft_vocab, plan.kernels_choice, plan.cuda_graphs)
-        answer_file = files[t, tree_name, drafter, verifier]
-        bench.run(runner, tokenizer, chosen, answer_file, f"{models.EMBEDDED_NAME}-eagle",
-                  bench.Settings("eagle", plan.max_new_tokens, t, plan.seed, turns=plan.turns), progress=False)
-        totals = report.summarise(answer_file)["all"]
-        rows.append({"temperature": t, "tree": tree_name, "drafter": drafter, "verifier": verifier,
-                     "tau": totals["tau"], "tokens_per_s": totals["tokens_per_s"], "new_tokens": totals["new_tokens"]})
-    result = {"machine": timed_on, "dtype": plan.dtype, "bench": plan.bench_name,
-              "draft_vocab": engine.resolve_draft_vocab(draft_head, plan.draft_vocab),
-              "kernels": kernels_used(plan.kernels_choice, target),
-              "questions": [q["question_id"] for q in chosen], "turns": plan.turns,
-              "max_new_tokens": plan.max_new_tokens, "rows": rows}
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{name}.json").write_text(json.dumps(result, indent=1))
-    (out / f"{name}.md").write_text(sweep_markdown(result, name))
+    if plan.new_run:  # before the model loads: a page is never overwritten, a folder never shared
+        outputs.refuse_existing([out / f"{name}.md", out / f"{name}.json"], "page",
+                                "pass another --name, or another --out")
+        outputs.new_run_folder(Path(answers) / name, f"pass another --name, or --resume {name} to continue it")
+    rows = []
+    try:  # from here on, the run's folder is there (empty while the model loads) and resumes
+        target, tokenizer = models.load_target(None, models.parse_dtype(plan.dtype), plan.device)
+        draft_head = head.load_head(models.DEFAULT_HEAD, target)
+        draft_vocab = engine.resolve_draft_vocab(draft_head, plan.draft_vocab)
+        context = {"dtype": str(models.parse_dtype(plan.dtype)).removeprefix("torch."), "base_model": models.EMBEDDED,
+                   "draft_vocab": draft_vocab, "head": head_checksum(models.DEFAULT_HEAD)}
+        files = {cell: Path(answers) / name / _file_safe(f"{tree}-{drafter}-{verifier}-{_temperature_tag(t)}.jsonl")
+                 for cell in cells for t, tree, drafter, verifier in [cell]}
+        row_settings = {cell: bench.Settings("eagle", plan.max_new_tokens, t, plan.seed, turns=plan.turns,
+                                             context=tuple((context | {"tree": tree, "drafter": drafter,
+                                                                       "verifier": verifier}).items()))
+                        for cell in cells for t, tree, drafter, verifier in [cell]}
+        for cell, answer_file in files.items():  # before any answer: a file of other settings is refused
+            bench.check_answer_file(answer_file, row_settings[cell], chosen)
+        timed_on = timing_machine(Path(answers) / name, files.values(), chosen, plan.device)
+        for t, tree_name, drafter, verifier in tqdm(cells, desc="sweep cells"):
+            runner = make_runner("eagle", target, tokenizer, draft_head, topologies[tree_name], drafter, verifier,
+                                 plan.draft_vocab, plan.kernels_choice, plan.cuda_graphs)
+            answer_file = files[t, tree_name, drafter, verifier]
+            bench.run(runner, tokenizer, chosen, answer_file, f"{models.EMBEDDED_NAME}-eagle",
+                      row_settings[t, tree_name, drafter, verifier], progress=False)
+            totals = report.summarise(answer_file)["all"]
+            rows.append({"temperature": t, "tree": tree_name, "drafter": drafter, "verifier": verifier,
+                         "tau": totals["tau"], "tokens_per_s": totals["tokens_per_s"],
+                         "new_tokens": totals["new_tokens"]})
+    except KeyboardInterrupt:
+        raise Interrupted(f"{len(rows)} of {len(cells)} cells are answered in {Path(answers) / name}, "
+                          f"{len(cells) - len(rows)} are not (an answer under way is dropped whole) and the page is "
+                          f"not written; continue with `{resume_command(command, name, 'sweep')}`") from None
+    held = sorted(set().union(*(bench.finished_ids(f) for f in files.values())))  # what the table holds
+    result = {"machine": timed_on, "dtype": plan.dtype, "bench": plan.bench_name, "draft_vocab": draft_vocab,
+              "kernels": kernels_used(plan.kernels_choice, target),
+              "questions": held, "turns": plan.turns,
+              "max_new_tokens": plan.max_new_tokens, "rows": rows}
+    outputs.write_atomically(out / f"{name}.json", json.dumps(result, indent=1))
+    outputs.write_atomically(out / f"{name}.md", sweep_markdown(result, name))
     return out / f"{name}.md"
 
 

@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from eagle_mdsd import dynamic, engine, head, sequoia
+from eagle_mdsd import dynamic, engine, head, sequoia, tree
 from test_engine import P_VALUE, PROMPT, chi_square_p_value, empirical_first_three, exact_first_three
 from tiny import tiny_target
 
@@ -209,7 +209,7 @@ def test_sequoia_writes_only_a_plain_name_and_never_over_a_hand_written_tree(tmp
     assert sequoia.output_path("measured", tmp_path) == tmp_path / "measured.json"  # a rerun replaces its own
     assert sequoia.output_path("new", tmp_path) == tmp_path / "new.json"
     with pytest.raises(ValueError, match="eagle_default.json is a tree Sequoia did not write"):
-        sequoia.output_path("eagle_default")
+        sequoia.output_path("eagle_default", tree.TREE_DIR)
 
 
 def test_hardware_aware_choice_trades_tokens_for_time():
