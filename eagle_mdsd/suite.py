@@ -312,6 +312,8 @@ def answer_and_report(out: Path, answers: Path, plan: BenchmarkPlan = BenchmarkP
                                 + [stem.with_name(f"{name}_{_temperature_tag(t)}.png") for t in plan.temperatures],
                                 "page", "pass another --name, or another --out")
         outputs.new_run_folder(Path(answers) / name, f"pass another --name, or --resume {name} to continue it")
+    elif (Path(answers) / name / "settings.json").exists():
+        _read_settings(Path(answers) / name / "settings.json")  # a broken record before the model loads
     progress.update(folder=Path(answers) / name, questions=len(chosen[index::count]), answered=0)
     target, tokenizer = models.load_target(None, models.parse_dtype(plan.dtype), plan.device)
     used_kernels = kernels_used(plan.kernels_choice, target)
@@ -516,6 +518,8 @@ def sweep(out: Path, answers: Path, plan: SweepPlan = SweepPlan(), command: str 
         outputs.refuse_existing([out / f"{name}.md", out / f"{name}.json"], "page",
                                 "pass another --name, or another --out")
         outputs.new_run_folder(Path(answers) / name, f"pass another --name, or --resume {name} to continue it")
+    elif (Path(answers) / name / "settings.json").exists():
+        _read_settings(Path(answers) / name / "settings.json")  # a broken record before the model loads
     rows = []
     try:  # from here on, the run's folder is there (empty while the model loads) and resumes
         target, tokenizer = models.load_target(None, models.parse_dtype(plan.dtype), plan.device)
