@@ -15,7 +15,7 @@ from pathlib import Path
 # cost a large share of a CPU step (measured: docs/training.md).
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
-from . import checks, drafting, engine, graphs, kernels, theory, verification  # noqa: E402  (imports torch)
+from . import checks, drafting, engine, errors, graphs, kernels, theory, validate, verification  # noqa: E402
 from .suite import METHODS  # noqa: E402  (the methods every subcommand offers, defined once)
 DRAFT_VOCAB_HELP = ("draft over the head's N most frequent tokens (FR-Spec; q is 0 elsewhere, still exact): N, "
                     "'full', or 'auto' (default: 8192 when the head ships draft_vocab.json, else full)")
@@ -147,6 +147,8 @@ def _runner(args, device=None):
         if args.ea_model is None and not models.DEFAULT_HEAD.exists():
             raise ValueError("no trained head for the embedded model ships with this version: "
                              "pass --ea-model FOLDER, or --ea-model random (lossless but accepts few drafts)")
+        if args.ea_model != "random":
+            head.inspect(args.ea_model or models.DEFAULT_HEAD)  # a bad head's files before the model loads
     hf_logging.disable_progress_bar()
     target, tokenizer = models.load_target(args.base_model, models.parse_dtype(args.dtype), device or args.device)
     draft_head = None
@@ -305,13 +307,11 @@ def cmd_bench(args) -> None:
         device = str(state.device)  # one GPU per process
     model_id = args.model_id or f"{models.model_name(args.base_model)}-{args.method}"
     answer_file = Path(args.answer_file or f"runs/bench/{args.bench}/{model_id}.jsonl")
-    if answer_file.is_dir():  # before the model loads
-        raise ValueError(f"--answer-file {answer_file} is a folder: give a .jsonl file in it (made if missing)")
+    settings = bench.command_settings(args)  # what every row records
+    bench.check_answer_file(answer_file, settings, chosen)  # before the model loads
     runner, tokenizer = _runner(args, device)
-    settings = bench.Settings(args.method, args.max_new_tokens, args.temperature, args.seed, args.profile,
-                              args.turns)
     bench.run(runner, tokenizer, chosen, answer_file, model_id, settings, bench.fastchat_template(args.base_model),
-              process=(state.process_index, state.num_processes))
+              process=(state.process_index, state.num_processes), command=args.command_line)
     state.wait_for_everyone()
     if not state.is_main_process:
         return
@@ -330,7 +330,7 @@ def cmd_report(args) -> None:
     if labels and len(labels) != len(args.answer_files):
         raise ValueError(f"--labels names {len(labels)} rows for {len(args.answer_files)} answer files: give one each")
     md, png = report.write([Path(f) for f in args.answer_files], Path(args.out), baseline, args.title, labels,
-                           args.paired, args.window)
+                           args.paired, args.window, args.mixed_settings)
     print(md.read_text())
     print(f"wrote {md} and {png}")
 
@@ -416,7 +416,7 @@ def cmd_benchmark(args) -> None:
         trees=tuple(args.trees), drafter=args.drafter, verifier=args.verifier, sampling_pair=args.sampling_pair,
         sampling_tree=args.sampling_tree, draft_vocab=args.draft_vocab, kernels_choice=args.kernels,
         cuda_graphs=args.cuda_graphs, dtype=args.dtype, device=args.device, max_new_tokens=args.max_new_tokens,
-        seed=args.seed, name=name)
+        seed=args.seed, name=name, new_run=not args.resume)
     result = suite.run_benchmark(Path(args.out), Path(args.answers), plan,
                                  (state.process_index, state.num_processes), state.wait_for_everyone,
                                  getattr(args, "command_line", None))
@@ -470,8 +470,8 @@ def cmd_sweep(args) -> None:
         trees=tuple(args.trees), temperatures=tuple(_floats(args.temperatures, "temperatures")), pairs=pairs,
         bench_name=args.bench, count=args.questions, turns=args.turns or None, max_new_tokens=args.max_new_tokens,
         draft_vocab=args.draft_vocab, kernels_choice=args.kernels, cuda_graphs=args.cuda_graphs, dtype=args.dtype,
-        device=args.device, seed=args.seed, name=_run_name(args, "sweep"))
-    md = suite.sweep(Path(args.out), Path(args.answers), plan)
+        device=args.device, seed=args.seed, name=_run_name(args, "sweep"), new_run=not args.resume)
+    md = suite.sweep(Path(args.out), Path(args.answers), plan, getattr(args, "command_line", None))
     print(md.read_text())
 
 
@@ -545,7 +545,7 @@ def _add_run_options(parser, kind: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="eagle-mdsd", description=__doc__)
+    parser = validate.Parser(prog="eagle-mdsd", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("pairs", help="list drafting schemes, verifiers and the lossless pairs").set_defaults(fn=cmd_pairs)
     acc = sub.add_parser("acceptance", help="acceptance of every pair and alpha* for one node's p and q")
@@ -562,9 +562,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_tree_options(gen)
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--max-new-tokens", type=_count(1), default=128)
-    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--seed", type=validate.seed, default=0)
     gen.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
-    gen.add_argument("--device", default="cpu")
+    gen.add_argument("--device", default="cpu", type=validate.device_or_auto)
     gen.add_argument("--method", default="eagle", choices=METHODS)
     _add_kernels_option(gen)
     gen.add_argument("--profile", action="store_true", help="time the phases of a cycle (draft, target, verify, commit)")
@@ -580,7 +580,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="trees to check, and 'baseline' for the engine's plain decoding (default: all)")
     greedy.add_argument("--dtypes", default="float32,bfloat16")
     greedy.add_argument("--ea-model", default="random", help="head folder, or 'random' (default)")
-    greedy.add_argument("--device", default="cpu", help="cpu, or cuda, cuda:1, ... (the results file says which)")
+    greedy.add_argument("--device", default="cpu", type=validate.device,
+                        help="cpu, or cuda, cuda:1, ... (the results file says which)")
     greedy.add_argument("--cuda-graphs", default="auto", choices=graphs.CHOICES,
                         help="'auto' (default): the engine replays CUDA graphs on CUDA; 'off' (the results file "
                              "says so): eagerly")
@@ -639,8 +640,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--schedule-minutes", type=_positive, default=None,
                        help="train stage: the cosine decay of the learning rate ends after this many minutes of the "
                             "call if the epochs have not ended it first, and training stops there (a run boxed in time)")
-    train.add_argument("--device", default="cpu", help="prompts, data and train stages: cpu, or cuda on a GPU")
-    train.add_argument("--seed", type=int, default=0,
+    train.add_argument("--device", default="cpu", type=validate.device,
+                       help="prompts, data and train stages: cpu, or cuda on a GPU")
+    train.add_argument("--seed", type=validate.seed, default=0,
                        help="train stage: the head's initialisation and batch order; prompts stage: the sampling; "
                             "data stage: the prompts' shuffle, so which of them --max-prompts takes")
     train.add_argument("--export-to", default=None, help="export folder (default RUN/head)")
@@ -659,9 +661,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_tree_options(run)
     run.add_argument("--temperature", type=float, default=0.0)
     run.add_argument("--max-new-tokens", type=_count(1), default=128)
-    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--seed", type=validate.seed, default=0)
     run.add_argument("--dtype", default="bfloat16")
-    run.add_argument("--device", default="cpu", help="cpu, cuda (one GPU per process under accelerate launch), auto")
+    run.add_argument("--device", default="cpu", type=validate.device_or_auto,
+                     help="cpu, cuda (one GPU per process under accelerate launch), auto")
     run.add_argument("--turns", type=_count(0), default=None, help="answer only the first N turns (default or 0: all)")
     _add_kernels_option(run)
     run.add_argument("--profile", action="store_true", help="record where each cycle's time goes")
@@ -682,6 +685,8 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--window", type=int, default=None,
                      help="also tau by position in the answer turn, N tokens a column (how acceptance changes "
                           "along long answers)")
+    rep.add_argument("--mixed-settings", action="store_true",
+                     help="average the rows of a file even where they record different settings")
     rep.set_defaults(fn=cmd_report)
     suite_parser = sub.add_parser("benchmark", help="the embedded-default MT-Bench benchmark: every method, report")
     suite_parser.add_argument("--bench", default="mt_bench")
@@ -690,7 +695,7 @@ def build_parser() -> argparse.ArgumentParser:
     suite_parser.add_argument("--temperatures", default="0,1")
     suite_parser.add_argument("--methods", default=",".join(METHODS))
     suite_parser.add_argument("--dtype", default="bfloat16")
-    suite_parser.add_argument("--device", default="cpu")
+    suite_parser.add_argument("--device", default="cpu", type=validate.device_or_auto)
     suite_parser.add_argument("--max-new-tokens", type=_count(1), default=128)
     suite_parser.add_argument("--trees", nargs="+", default=["eagle_default", "chain2"],
                               help="EAGLE runs once per tree (default eagle_default, EAGLE's own tree, and "
@@ -710,7 +715,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "entries without their own pair (default chain2: where every tree row costs target compute, "
                                    "as on a CPU, a short chain outruns a wide tree at T = 1); 'same' keeps each "
                                    "tree")
-    suite_parser.add_argument("--seed", type=int, default=0)
+    suite_parser.add_argument("--seed", type=validate.seed, default=0)
     suite_parser.add_argument("--draft-vocab", type=_draft_vocab, default="auto", help=DRAFT_VOCAB_HELP)
     _add_kernels_option(suite_parser)
     _add_run_options(suite_parser, "benchmark")
@@ -724,14 +729,14 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--turns", type=_count(0), default=1, help="turns per question (0: all)")
     sw.add_argument("--max-new-tokens", type=_count(1), default=64)
     sw.add_argument("--dtype", default="bfloat16")
-    sw.add_argument("--device", default="cpu")
-    sw.add_argument("--seed", type=int, default=0)
+    sw.add_argument("--device", default="cpu", type=validate.device_or_auto)
+    sw.add_argument("--seed", type=validate.seed, default=0)
     sw.add_argument("--draft-vocab", type=_draft_vocab, default="auto", help=DRAFT_VOCAB_HELP)
     _add_kernels_option(sw)
     _add_run_options(sw, "sweep")
     sw.set_defaults(fn=cmd_sweep)
     seq = sub.add_parser("sequoia", help="measure the acceptance by child rank, write the best static tree")
-    seq.add_argument("--name", default="sequoia", help="writes tree_configs/NAME.json")
+    seq.add_argument("--name", default="sequoia", help="writes runs/sequoia/NAME.json (give it to --tree)")
     seq.add_argument("--max-nodes", type=_count(2), default=32)
     seq.add_argument("--max-depth", type=_count(1), default=8)
     seq.add_argument("--hardware-aware", action="store_true",
@@ -742,7 +747,7 @@ def build_parser() -> argparse.ArgumentParser:
     seq.add_argument("--ea-model", default=None)
     seq.add_argument("--draft-vocab", type=_draft_vocab, default="auto", help=DRAFT_VOCAB_HELP)
     seq.add_argument("--dtype", default="bfloat16")
-    seq.add_argument("--device", default="cpu")
+    seq.add_argument("--device", default="cpu", type=validate.device)
     seq.set_defaults(fn=cmd_sequoia)
     st = sub.add_parser("study", help="acceptance of every verifier against alpha* on real p and q (resumable)")
     st.add_argument("stage", choices=["collect", "analyse", "all"])
@@ -773,6 +778,9 @@ def main(argv=None) -> int:
     except (ValueError, OSError) as error:
         print(f"eagle-mdsd: error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as stop:  # Ctrl-C: one line (errors.Interrupted says what was kept), no traceback
+        print(f"eagle-mdsd: interrupted: {errors.interrupted_message(stop, args.command)}", file=sys.stderr)
+        return 130
     return 0
 
 
