@@ -160,6 +160,11 @@ def inspect(spec) -> tuple[Path, dict, bool]:
         checkpoints.check(found, expected, weights, optional, whole_numbers=("d2t", "t2d"))
     else:
         config, bias = _head_config(raw, str(spec))
+        last = f"layers.{config.num_hidden_layers - 1}."
+        if not any(key.startswith(last) for key in found):  # before building that many layers, even on meta
+            raise UsageError(f"weights file {weights} lacks {last}* for the num_hidden_layers "
+                             f"{config.num_hidden_layers} of its config.json: use the config.json that came with "
+                             f"these weights")
         with torch.device("meta"):
             shapes = {key: tuple(value.shape) for key, value in EagleHead(config, bias=bias).state_dict().items()
                       if "rotary_emb" not in key}

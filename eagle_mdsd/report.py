@@ -254,15 +254,17 @@ def bar_chart(entries: list[dict], png: Path, baseline: Path | None = None) -> P
     axes.set_ylabel("speedup over baseline" if baseline is not None else "tokens/s")
     axes.legend(fontsize="small")
     figure.tight_layout()
-    png = outputs.save_figure(figure, png, dpi=120)
-    plt.close(figure)
-    return png
+    try:
+        return outputs.save_figure(figure, png, dpi=120)
+    finally:
+        plt.close(figure)  # also when interrupted: pyplot keeps every open figure
 
 
 def write(answer_files: list[Path], out: Path, baseline: Path | None = None, title: str = "",
           labels: list[str] | None = None, paired: bool = False, window: int | None = None,
           mixed_settings: bool = False) -> tuple[Path, Path]:
-    """out.md (the tables) and out.png (the chart), each written whole."""
+    """out.md (the tables) and out.png (the chart), each written whole, the page last: an interrupted report
+    leaves the earlier page as it was."""
     entries = compare(answer_files, baseline, labels, paired, window, mixed_settings)
     out = Path(out)
     if not out.name or out.is_dir() or out.with_suffix(".md").is_dir():
@@ -270,5 +272,5 @@ def write(answer_files: list[Path], out: Path, baseline: Path | None = None, tit
     text = (f"# {title}\n\n" if title else "") + markdown(entries)
     if baseline is not None:
         text += f"\nSpeedup = tokens/s over tokens/s of `{Path(baseline).name}` on the same questions.\n"
-    md = outputs.write_atomically(out.with_suffix(".md"), text)
-    return md, bar_chart(entries, out.with_suffix(".png"), baseline)
+    png = bar_chart(entries, out.with_suffix(".png"), baseline)
+    return outputs.write_atomically(out.with_suffix(".md"), text), png

@@ -1,0 +1,385 @@
+"""Every row of docs/bad-input.md: the input, and the one line (or the behaviour) the row promises.
+
+Most inputs are refused before a model loads: their tests replace `models.load_target` with a failure.  The
+few that need a model use a tiny Llama with a word-level tokenizer saved as a folder (`tiny_chat`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from eagle_mdsd import bench, cli, head, models, questions, sequoia, suite
+from tiny import tiny_target
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "bad-input.md"
+COVERED: set[str] = set()
+
+
+def doc_rows() -> dict[str, str]:
+    """{id: the quoted text of its last column} of every table row of docs/bad-input.md."""
+    rows = {}
+    for line in DOC.read_text().splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if line.startswith("| ") and len(cells) >= 3 and re.fullmatch(r"[a-z0-9-]+", cells[0]) and cells[0] != "id":
+            quoted = re.findall(r"`([^`]+)`", cells[-1])
+            rows[cells[0]] = quoted[0] if quoted else ""
+    return rows
+
+
+def says(row: str) -> str:
+    return doc_rows()[row]
+
+
+def covers(*rows):
+    """Marks a test as the test of these rows of the doc."""
+    COVERED.update(rows)
+    return lambda test: test
+
+
+def run(argv, capsys) -> tuple[int, str]:
+    """(exit code, stderr) of `eagle-mdsd ARGV` run in this process."""
+    try:
+        code = cli.main([str(a) for a in argv])
+    except SystemExit as stop:
+        code = stop.code
+    return code, capsys.readouterr().err
+
+
+def one_line_error(argv, capsys, row: str | None = None) -> str:
+    """The error line of a refused command: exit code 2, one line on stderr, no traceback, the row's text."""
+    code, err = run(argv, capsys)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("eagle-mdsd"), err
+    if row is not None:
+        assert says(row) in lines[0], (says(row), lines[0])
+    return lines[0]
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    def refuse(*args, **kwargs):
+        pytest.fail("the model loaded: this input should have been refused before")
+
+    monkeypatch.setattr(models, "load_target", refuse)
+
+
+@pytest.fixture(scope="module")
+def tiny_chat(tmp_path_factory) -> Path:
+    """A folder holding a tiny Llama (64 tokens, context 256) and a word-level tokenizer with a chat template."""
+    from tokenizers import Tokenizer, models as token_models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    folder = tmp_path_factory.mktemp("tiny_chat")
+    words = ["<unk>", "<eos>"] + [f"w{i}" for i in range(62)]
+    tokenizer = Tokenizer(token_models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>", eos_token="<eos>")
+    fast.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         eos_token_id=1, tie_word_embeddings=False)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    fast.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def head_folder(tmp_path_factory) -> Path:
+    """A valid EAGLE-1 head (safetensors) for a tiny target of 16 tokens."""
+    return head.save_head(head.random_head(tiny_target(vocab=16, hidden=32)), tmp_path_factory.mktemp("head"),
+                          safetensors=True)
+
+
+def _head_variant(head_folder: Path, tmp_path: Path, change) -> Path:
+    folder = tmp_path / "head"
+    shutil.copytree(head_folder, folder)
+    change(folder)
+    return folder
+
+
+def _rewrite_weights(edit):
+    from safetensors.torch import load_file, save_file
+
+    def change(folder):
+        state = load_file(folder / "model.safetensors")
+        edit(state)
+        save_file(state, folder / "model.safetensors")
+    return change
+
+
+def _row(qid, wall_time=(1.0,), settings=None, **choice):
+    row = {"question_id": qid, "answer_id": "a", "model_id": "m", "category": "writing",
+           "choices": [{"index": 0, "turns": ["t"] * len(wall_time), "new_tokens": [4] * len(wall_time),
+                        "idxs": [2] * len(wall_time), "wall_time": list(wall_time), "accept_lengths": [2, 2]} | choice],
+           "tstamp": 0.0}
+    return row | ({"settings": settings} if settings is not None else {})
+
+
+def _jsonl(path: Path, records) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+HEAD_CASES = {
+    "head-corrupt": lambda f: (f / "model.safetensors").write_bytes(b"not a safetensors file" * 8),
+    "head-truncated": lambda f: (f / "model.safetensors").write_bytes((f / "model.safetensors").read_bytes()[:-64]),
+    "head-missing-key": _rewrite_weights(lambda state: state.pop("fc.weight")),
+    "head-wrong-dtype": _rewrite_weights(lambda state: state.update({"fc.weight": state["fc.weight"].int()})),
+    "head-wrong-shape": _rewrite_weights(lambda state: state.update({"fc.weight": state["fc.weight"][:3]})),
+    "head-config": lambda f: (f / "config.json").write_text("{not json"),
+    "head-config-value": lambda f: (f / "config.json").write_text(json.dumps(
+        json.loads((f / "config.json").read_text()) | {"hidden_size": "32"})),
+    "head-draft-vocab": lambda f: (f / "draft_vocab.json").write_text(json.dumps({"token_ids": "1,2"})),
+}
+
+
+@covers(*HEAD_CASES)
+@pytest.mark.parametrize("row", HEAD_CASES)
+def test_a_broken_head_is_one_line_naming_its_file_before_the_model_loads(row, head_folder, tmp_path, no_model,
+                                                                           capsys):
+    folder = _head_variant(head_folder, tmp_path, HEAD_CASES[row])
+    line = one_line_error(["generate", "--prompt", "hi", "--ea-model", folder], capsys, row)
+    assert str(folder) in line
+
+
+def _question_file(tmp_path, records) -> Path:
+    return _jsonl(tmp_path / "mine.jsonl", records)
+
+
+# row -> (argv from tmp_path): refused before any model loads
+CASES = {
+    "head-missing": lambda tmp: ["generate", "--prompt", "hi", "--ea-model", tmp / "nothing"],
+    "device": lambda tmp: ["generate", "--prompt", "hi", "--device", "tpu"],
+    "seed": lambda tmp: ["bench", "--seed", "1e23"],
+    "seed-range": lambda tmp: ["generate", "--prompt", "hi", "--seed", str(10**23)],
+    "count": lambda tmp: ["bench", "--max-new-tokens", "0"],
+    "temperature": lambda tmp: ["generate", "--prompt", "hi", "--temperature", "nan"],
+    "tree-unknown": lambda tmp: ["generate", "--prompt", "hi", "--tree", "nope"],
+    "tree-file": lambda tmp: ["generate", "--prompt", "hi", "--tree",
+                              (tmp / "t.json").write_text("{no") and tmp / "t.json"],
+    "drafter-unknown": lambda tmp: ["generate", "--prompt", "hi", "--drafter", "nope"],
+    "pair-lossy": lambda tmp: ["generate", "--prompt", "hi", "--drafter", "with_replacement", "--verifier", "rrs_wo"],
+    "drafter-fit": lambda tmp: ["generate", "--prompt", "hi", "--tree", "chain3", "--drafter", "spechub",
+                                "--verifier", "spechub"],
+    "dynamic-option": lambda tmp: ["generate", "--prompt", "hi", "--total-tokens", "16"],
+    "method-option": lambda tmp: ["generate", "--prompt", "hi", "--method", "baseline", "--drafter", "greedy",
+                                  "--verifier", "greedy"],
+    "acceptance-pq": lambda tmp: ["acceptance", "--p", "[0.5, 0.5]", "--q", "x"],
+    "question-id": lambda tmp: ["bench", "--bench", _question_file(tmp, [{"question_id": [1], "turns": ["A?"]}])],
+    "question-category": lambda tmp: ["bench", "--bench", _question_file(tmp, [{"category": {"a": 1},
+                                                                                 "turns": ["A?"]}])],
+    "question-turns": lambda tmp: ["bench", "--bench", _question_file(tmp, [{"turns": [1, 2]}])],
+    "question-json": lambda tmp: ["bench", "--bench", (tmp / "q.jsonl").write_text("{cut\n") and tmp / "q.jsonl"],
+    "question-folder": lambda tmp: ["bench", "--bench", (tmp / "d.jsonl").mkdir() or tmp / "d.jsonl"],
+    "question-range": lambda tmp: ["bench", "--question-begin", "5", "--question-end", "2"],
+    "answer-field": lambda tmp: ["report", _jsonl(tmp / "a.jsonl", [_row(81, wall_time=("1.0",))]),
+                                 "--out", tmp / "r"],
+    "answer-lengths": lambda tmp: ["report", _jsonl(tmp / "a.jsonl", [_row(81, new_tokens=[4, 4])]),
+                                   "--out", tmp / "r"],
+    "answer-twice": lambda tmp: ["report", _jsonl(tmp / "a.jsonl", [_row(81), _row(81)]), "--out", tmp / "r"],
+    "answer-not-utf8": lambda tmp: ["report", (tmp / "a.jsonl").write_bytes(b"\xff\xfe{}\n") and tmp / "a.jsonl",
+                                    "--out", tmp / "r"],
+    "answer-empty": lambda tmp: ["report", tmp / "none.jsonl", "--out", tmp / "r"],
+    "answer-folder": lambda tmp: ["bench", "--question-end", "1", "--answer-file", tmp],
+    "report-mixed": lambda tmp: ["report", _jsonl(tmp / "a.jsonl", [_row(81, settings={"temperature": 0.0}),
+                                                                    _row(91, settings={"temperature": 1.0})]),
+                                 "--out", tmp / "r"],
+    "benchmark-option": lambda tmp: ["benchmark", "--methods", "baseline", "--trees", "chain2"],
+    "temperatures-empty": lambda tmp: ["benchmark", "--temperatures", " , "],
+    "sweep-pairs": lambda tmp: ["sweep", "--trees", "chain2", "--pairs", "spechub/spechub"],
+    "stage-option": lambda tmp: ["train-head", "export", "--epochs", "2"],
+    "openers-file": lambda tmp: ["train-head", "prompts", "--run", tmp / "run", "--openers", tmp / "missing.txt"],
+    "export-untrained": lambda tmp: ["train-head", "export", "--run", (tmp / "run").mkdir() or tmp / "run"],
+    "sequoia-name": lambda tmp: ["sequoia", "--name", "a/b"],
+}
+
+
+@covers(*CASES)
+@pytest.mark.parametrize("row", CASES)
+def test_bad_input_is_one_line_before_the_model_loads(row, tmp_path, no_model, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    one_line_error(CASES[row](tmp_path), capsys, row)
+
+
+@covers("report-mixed")
+def test_report_averages_several_settings_only_when_asked(tmp_path, capsys):
+    answers = _jsonl(tmp_path / "a.jsonl", [_row(81, settings={"temperature": 0.0}),
+                                            _row(91, settings={"temperature": 1.0})])
+    line = one_line_error(["report", answers, "--out", tmp_path / "r"], capsys, "report-mixed")
+    assert "temperature 0.0 -> 1.0" in line and not (tmp_path / "r.md").exists()
+    assert run(["report", answers, "--out", tmp_path / "r", "--mixed-settings"], capsys)[0] == 0
+    old = _jsonl(tmp_path / "old.jsonl", [_row(81), _row(91)])  # rows from before rows recorded settings
+    assert run(["report", old, "--out", tmp_path / "old"], capsys)[0] == 0
+    assert "| m | 2 |" in (tmp_path / "old.md").read_text()
+
+
+@covers("device-no-gpu")
+def test_a_cuda_device_without_a_gpu_is_refused_before_loading(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr("transformers.AutoModelForCausalLM.from_pretrained",
+                        lambda *args, **kwargs: pytest.fail("the model loaded"))
+    one_line_error(["generate", "--prompt", "hi", "--ea-model", "random", "--device", "cuda"], capsys,
+                   "device-no-gpu")
+
+
+@covers("hub-offline")
+def test_a_bare_hub_id_with_a_random_head_offline_fails_at_once(monkeypatch, tmp_path, capsys):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # the discard port: nothing listens there
+    started = time.monotonic()
+    one_line_error(["generate", "--prompt", "hi", "--base-model", "eagle-mdsd-no-such-model", "--ea-model",
+                    "random"], capsys, "hub-offline")
+    assert time.monotonic() - started < 5  # the hub client's retries took 25 s
+
+
+@covers("base-config")
+def test_a_base_model_whose_config_is_broken_names_the_file(tiny_chat, tmp_path, capsys):
+    broken = tmp_path / "base"
+    shutil.copytree(tiny_chat, broken)
+    (broken / "config.json").write_text("{not json")
+    line = one_line_error(["generate", "--prompt", "w1", "--base-model", broken, "--ea-model", "random"], capsys,
+                          "base-config")
+    assert str(broken / "config.json") in line
+
+
+@covers("head-fit", "context")
+def test_what_needs_the_model_is_one_line_too(tiny_chat, head_folder, capsys):
+    one_line_error(["generate", "--prompt", "w1", "--base-model", tiny_chat, "--ea-model", head_folder], capsys,
+                   "head-fit")
+    one_line_error(["generate", "--prompt", "w1", "--base-model", tiny_chat, "--ea-model", "random",
+                    "--max-new-tokens", "1000"], capsys, "context")
+
+
+@covers("ctrl-c-generate")
+def test_ctrl_c_in_generate_is_one_line(monkeypatch, capsys):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(models, "load_target", interrupted)
+    code, err = run(["generate", "--prompt", "hi", "--ea-model", "random"], capsys)
+    assert code == 130 and err.count("\n") == 1 and says("ctrl-c-generate") in err and "Traceback" not in err
+
+
+def _bench(tiny_chat, answers, *options):
+    return ["bench", "--base-model", tiny_chat, "--method", "baseline", "--question-end", "1", "--max-new-tokens",
+            "2", "--answer-file", answers, *options]
+
+
+@covers("answer-settings", "row-settings")
+def test_an_answer_file_takes_rows_of_its_own_settings_only(tiny_chat, tmp_path, capsys):
+    answers = tmp_path / "a.jsonl"
+    assert run(_bench(tiny_chat, answers), capsys)[0] == 0
+    before = answers.read_bytes()
+    row = json.loads(before)
+    assert row["settings"] == {"method": "baseline", "temperature": 0.0, "max_new_tokens": 2, "seed": 0,
+                               "turns": None, "dtype": "bfloat16", "base_model": str(tiny_chat)}
+    assert {"question_id", "answer_id", "model_id", "category", "choices", "tstamp"} <= set(row)  # as before
+    line = one_line_error(_bench(tiny_chat, answers, "--temperature", "1", "--question-end", "2"), capsys,
+                          "answer-settings")
+    assert str(answers) in line and answers.read_bytes() == before
+    one_line_error(_bench(tiny_chat, answers, "--max-new-tokens", "3"), capsys)
+    assert answers.read_bytes() == before
+    assert run(_bench(tiny_chat, answers, "--question-end", "2"), capsys)[0] == 0  # the same settings append
+    assert [r["question_id"] for r in bench.read_rows(answers)] == [81, 82]
+
+
+def _tiny_benchmark(monkeypatch, tiny_chat):
+    real = models.load_target
+    monkeypatch.setattr(models, "load_target", lambda spec=None, dtype=torch.float32, device="cpu":
+                        real(str(tiny_chat), dtype, device))
+
+
+def _benchmark(tmp_path, *options):
+    return ["benchmark", "--methods", "baseline", "--temperatures", "0", "--max-new-tokens", "2",
+            "--answers", tmp_path / "answers", "--out", tmp_path / "pages", *options]
+
+
+@covers("ctrl-c-benchmark")
+def test_ctrl_c_in_a_benchmark_names_the_resume_command_that_finishes_it(monkeypatch, tiny_chat, tmp_path, capsys):
+    _tiny_benchmark(monkeypatch, tiny_chat)
+    answer, calls = bench.answer, []
+
+    def interrupted_on_the_second(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return answer(*args, **kwargs)
+
+    monkeypatch.setattr(bench, "answer", interrupted_on_the_second)
+    code, err = run(_benchmark(tmp_path, "--questions", "3", "--name", "r"), capsys)
+    lines = [line for line in err.splitlines() if line.strip() and "it/s" not in line and "%|" not in line]
+    assert code == 130 and len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith("eagle-mdsd: interrupted: 1 of 3 questions") and says("ctrl-c-benchmark") in lines[0]
+    (answers,) = (tmp_path / "answers" / "r").glob("*.jsonl")
+    assert [r["question_id"] for r in bench.read_rows(answers)] == [81]  # whole lines only
+    assert not (tmp_path / "pages" / "r.md").exists()
+    command = re.search(r"continue with `([^`]+)`", lines[0]).group(1)
+    assert "--resume r" in command and "--name" not in command
+    monkeypatch.setattr(bench, "answer", answer)
+    assert run(shlex.split(command)[1:], capsys)[0] == 0
+    assert [r["question_id"] for r in bench.read_rows(answers)] == [81, 91, 101]
+    assert "Questions: mt_bench 81, 91, 101" in (tmp_path / "pages" / "r.md").read_text()
+
+
+@covers("resumed-page", "run-exists", "page-exists", "settings-json")
+def test_a_resumed_run_describes_its_table_and_fresh_runs_never_overwrite(monkeypatch, tiny_chat, tmp_path, capsys):
+    _tiny_benchmark(monkeypatch, tiny_chat)
+    assert run(_benchmark(tmp_path, "--questions", "3", "--name", "r"), capsys)[0] == 0
+    assert run(_benchmark(tmp_path, "--questions", "1", "--resume", "r"), capsys)[0] == 0
+    assert says("resumed-page") in (tmp_path / "pages" / "r.md").read_text()  # not question 81 alone
+    pages = {p: p.read_bytes() for p in (tmp_path / "pages").iterdir()}
+    monkeypatch.setattr(models, "load_target", lambda *args, **kwargs: pytest.fail("the model loaded"))
+    one_line_error(_benchmark(tmp_path, "--name", "r"), capsys, "run-exists")
+    shutil.rmtree(tmp_path / "answers" / "r")  # the answers gone, the page still there
+    one_line_error(_benchmark(tmp_path, "--name", "r"), capsys, "page-exists")
+    assert not (tmp_path / "answers" / "r").exists()
+    assert {p: p.read_bytes() for p in (tmp_path / "pages").iterdir()} == pages
+    (tmp_path / "answers" / "s").mkdir(parents=True)
+    (tmp_path / "answers" / "s" / "settings.json").write_text("{cut")
+    line = one_line_error(_benchmark(tmp_path, "--resume", "s"), capsys, "settings-json")
+    assert str(tmp_path / "answers" / "s" / "settings.json") in line
+
+
+@covers("run-race")
+def test_two_runs_with_one_name_never_share_a_folder(monkeypatch, tmp_path, capsys):
+    """The name is checked first; the other run makes the folder while this one reads its questions."""
+    load = questions.load
+
+    def other_run_starts(*args, **kwargs):
+        (tmp_path / "answers" / "r").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "answers" / "r" / "theirs.jsonl").write_text("")
+        return load(*args, **kwargs)
+
+    monkeypatch.setattr(questions, "load", other_run_starts)
+    monkeypatch.setattr(models, "load_target", lambda *args, **kwargs: pytest.fail("the model loaded"))
+    one_line_error(_benchmark(tmp_path, "--name", "r"), capsys, "run-race")
+    assert [p.name for p in (tmp_path / "answers" / "r").iterdir()] == ["theirs.jsonl"]
+
+
+@covers("sequoia-out")
+def test_sequoia_writes_to_runs_by_default(monkeypatch, tmp_path, capsys):
+    monkeypatch.chdir(tmp_path)
+    written = []
+    monkeypatch.setattr(models, "load_target", lambda *args, **kwargs: (None, None))
+    monkeypatch.setattr(head, "load_head", lambda *args, **kwargs: None)
+    monkeypatch.setattr(models, "eos_token_ids", lambda *args: [])
+    monkeypatch.setattr(sequoia, "build", lambda decoder_for, tokenizer, out, *args: written.append(out) or {
+        "description": "", "acceptance": [], "visits": 0})
+    assert run(["sequoia", "--name", "mine"], capsys)[0] == 0
+    assert written == [Path("runs") / "sequoia" / "mine.json"] and says("sequoia-out").startswith("runs/sequoia/")
+
+
+def test_every_row_of_the_doc_has_a_test_and_every_test_a_row():
+    rows = doc_rows()
+    assert sorted(set(rows) - COVERED) == [], "rows of docs/bad-input.md without a test"
+    assert sorted(COVERED - set(rows)) == [], "tests of rows docs/bad-input.md does not list"
+    assert all(rows[row] for row in rows), "a row without a quoted error text"
