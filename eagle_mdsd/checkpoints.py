@@ -34,8 +34,9 @@ def _unreadable(path: Path, why: str) -> UsageError:
 
 
 def _first_line(error: BaseException) -> str:
+    """The first sentence of an error's first line (torch's and safetensors' messages run on)."""
     text = str(error).strip()
-    return text.splitlines()[0][:120] if text else type(error).__name__
+    return text.splitlines()[0].split(". ")[0].rstrip(".")[:120] if text else type(error).__name__
 
 
 def layout(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
@@ -50,7 +51,7 @@ def layout(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
                         for key in handle.keys()}
         except (SafetensorError, OSError, ValueError) as error:
             raise _unreadable(path, _first_line(error)) from None
-    return {key: (_dtype_name(value), tuple(value.shape)) for key, value in load(path).items()}
+    return {key: (_dtype_name(value), tuple(value.shape)) for key, value in load(path, mmap=True).items()}
 
 
 def _dtype_name(value) -> str:
@@ -63,8 +64,9 @@ def _dtype_name(value) -> str:
     return names.get(value.dtype, str(value.dtype).removeprefix("torch."))
 
 
-def load(path: Path) -> dict[str, torch.Tensor]:
-    """The tensors of a weights file, on the CPU; an unreadable file is a one-line error naming it."""
+def load(path: Path, mmap: bool = False) -> dict[str, torch.Tensor]:
+    """The tensors of a weights file, on the CPU; an unreadable file is a one-line error naming it.  mmap: map a
+    pytorch_model.bin instead of reading it (for its layout; a file of torch's legacy format is read)."""
     path = Path(path)
     if path.suffix == ".safetensors":
         from safetensors import SafetensorError
@@ -75,7 +77,12 @@ def load(path: Path) -> dict[str, torch.Tensor]:
         except (SafetensorError, OSError, ValueError) as error:
             raise _unreadable(path, _first_line(error)) from None
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+        except RuntimeError:
+            if not mmap:
+                raise
+            state = torch.load(path, map_location="cpu", weights_only=True)  # the legacy format maps not
     except (pickle.UnpicklingError, zipfile.BadZipFile, EOFError, RuntimeError, OSError, ValueError,
             AttributeError, TypeError, KeyError, IndexError) as error:
         raise _unreadable(path, _first_line(error)) from None

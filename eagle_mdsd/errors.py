@@ -1,4 +1,4 @@
-"""The one error class for bad input.
+"""The one error class for bad input, and the one way a Ctrl-C ends.
 
 A `UsageError` is raised where a user's input enters (an option, a file, a folder, a checkpoint, a device) and
 names what is wrong and how to fix it; the command line prints it as one line and exits with 2.  Any other

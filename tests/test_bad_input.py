@@ -129,7 +129,17 @@ def _jsonl(path: Path, records) -> Path:
     return path
 
 
+def _cut_bin(folder):
+    """The head as pytorch_model.bin, cut short as an interrupted download leaves it."""
+    from safetensors.torch import load_file
+
+    torch.save(load_file(folder / "model.safetensors"), folder / "pytorch_model.bin")
+    (folder / "model.safetensors").unlink()
+    (folder / "pytorch_model.bin").write_bytes((folder / "pytorch_model.bin").read_bytes()[:300])
+
+
 HEAD_CASES = {
+    "head-bin-truncated": _cut_bin,
     "head-corrupt": lambda f: (f / "model.safetensors").write_bytes(b"not a safetensors file" * 8),
     "head-truncated": lambda f: (f / "model.safetensors").write_bytes((f / "model.safetensors").read_bytes()[:-64]),
     "head-missing-key": _rewrite_weights(lambda state: state.pop("fc.weight")),
