@@ -24,7 +24,6 @@ any rerun merges shards an interrupted run left behind).
 from __future__ import annotations
 
 import json
-import os
 import time
 import uuid
 from dataclasses import dataclass
@@ -32,7 +31,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from . import jsonl, models, prompts, validate
+from . import jsonl, models, outputs, prompts, validate
 from .errors import Interrupted, UsageError
 
 
@@ -237,9 +236,7 @@ def merge_shards(answer_file: Path) -> None:
     for path in [answer_file, *shards]:
         for row in read_rows(path):
             rows.setdefault(row["question_id"], row)
-    staging = answer_file.with_suffix(".merging")
-    staging.write_text("".join(json.dumps(rows[qid]) + "\n" for qid in sorted(rows)))
-    os.replace(staging, answer_file)
+    outputs.write_atomically(answer_file, "".join(json.dumps(rows[qid]) + "\n" for qid in sorted(rows)))
     for path in shards:
         path.unlink()
 

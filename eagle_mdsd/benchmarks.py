@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from . import drafting, theory, verification
+from . import drafting, outputs, theory, verification
 
 VOCABS = (32000, 152064)
 DRAFT_COUNTS = tuple(range(2, 9))
@@ -53,7 +53,8 @@ def write_page(folder: Path, stem: str, title: str, setup: str, table: list[str]
     one: machine()) followed by `setup`, and the markdown table (header rows first)."""
     facts, date = facts or machine(), datetime.date.today().isoformat()
     page = Path(folder) / f"{stem}_{date}.md"
-    page.write_text("\n".join([f"# {title}, {date}", "", f"Machine: {machine_line(facts)}. {setup}", "", *table, ""]))
+    outputs.write_atomically(page, "\n".join([f"# {title}, {date}", "", f"Machine: {machine_line(facts)}. {setup}", "",
+                                            *table, ""]))
     return page
 
 
@@ -166,6 +167,6 @@ def run_core_benchmark(out_dir: Path, vocabs=VOCABS, draft_counts=DRAFT_COUNTS) 
     result["summary"] = summary(result)
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = out_dir / f"core_bench_{result['date']}"
-    stem.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
-    stem.with_suffix(".md").write_text(markdown(result))
+    outputs.write_atomically(stem.with_suffix(".json"), json.dumps(result, indent=1) + "\n")
+    outputs.write_atomically(stem.with_suffix(".md"), markdown(result))
     return result

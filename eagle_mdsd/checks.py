@@ -8,7 +8,6 @@ are appended to a JSONL file as they finish, so an interrupted run resumes.
 from __future__ import annotations
 
 import datetime
-import json
 from pathlib import Path
 
 import torch
@@ -63,8 +62,7 @@ def greedy_equivalence(rows_file: Path, question_count: int = 5, max_new_tokens:
                    "identical": result.token_ids == reference, "tokens": result.new_tokens,
                    "first_difference": first_difference(result.token_ids, reference), "tau": result.tau}
             rows_file.parent.mkdir(parents=True, exist_ok=True)  # a target that fails to load leaves nothing
-            with rows_file.open("a") as handle:
-                handle.write(json.dumps(row) + "\n")
+            jsonl.append(rows_file, row)  # one write: a kill leaves the line whole or cut short
             done[(dtype, question["question_id"], tree_name)] = row
     return [row for row in done.values() if row["question_id"] in {q["question_id"] for q in chosen}]
 

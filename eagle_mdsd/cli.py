@@ -15,7 +15,8 @@ from pathlib import Path
 # cost a large share of a CPU step (measured: docs/training.md).
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
-from . import checks, drafting, engine, errors, graphs, kernels, theory, validate, verification  # noqa: E402
+from . import (checks, drafting, engine, errors, graphs, kernels, outputs, theory, validate,  # noqa: E402
+               verification)
 from .suite import METHODS  # noqa: E402  (the methods every subcommand offers, defined once)
 DRAFT_VOCAB_HELP = ("draft over the head's N most frequent tokens (FR-Spec; q is 0 elsewhere, still exact): N, "
                     "'full', or 'auto' (default: 8192 when the head ships draft_vocab.json, else full)")
@@ -198,7 +199,7 @@ def cmd_check_greedy(args) -> None:
                                      args.dtypes.split(","), args.ea_model, args.base_model, args.device,
                                      args.cuda_graphs)
     text = checks.summary_markdown(rows, args.max_new_tokens, args.ea_model, args.base_model, args.device)
-    rows_file.with_suffix(".md").write_text(text)
+    outputs.write_atomically(rows_file.with_suffix(".md"), text)
     print(text)
 
 

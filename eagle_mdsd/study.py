@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from . import drafting, head, models, questions, theory, verification
+from . import drafting, head, models, outputs, questions, theory, verification
 from .benchmarks import machine
 from .engine import additive_mask, warp
 
@@ -215,9 +215,9 @@ def analyse(run: Path, out_dir: Path, temperature: float = 0.7, n: int = 3, draw
               "sweep_positions": sweep_positions}
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = out_dir / f"acceptance_study_{date}"
-    stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
+    outputs.write_atomically(stem.with_suffix(".json"), json.dumps(result, indent=1))
     _plots(result, stem)
-    stem.with_suffix(".md").write_text(markdown(result, stem.name, tasks))
+    outputs.write_atomically(stem.with_suffix(".md"), markdown(result, stem.name, tasks))
     return stem.with_suffix(".md")
 
 

@@ -22,7 +22,6 @@ import dataclasses
 import datetime
 import hashlib
 import json
-import os
 import re
 import shlex
 from pathlib import Path
