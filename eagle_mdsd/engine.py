@@ -181,7 +181,8 @@ class Decoder:
         'auto': AUTO_DRAFT_VOCAB of them when the head ships its token ranking, else the full vocabulary.
         kernels_choice: 'auto' runs the target's and head's linear layers on prepacked bf16 weights where
         kernels.available (the layers are switched in place, stock outside this decoder), 'stock' never.
-        cuda_graphs: 'auto' captures the fixed-shape calls as CUDA graphs on CUDA (graphs.py), 'off' never.
+        cuda_graphs: 'auto' captures the fixed-shape calls as CUDA graphs on CUDA (graphs.py), 'off' never,
+        'emulate' replays them as graphs.Emulated on any device (what a CPU can check and count of the graphs).
         static_shapes: static caches (cache.py) without graphs too (default: where graphs run), which lets a
         CPU check what the graphs replay."""
         self.target, self.head = target, head
@@ -217,7 +218,8 @@ class Decoder:
         elif base is not None:
             check_drafter_fits(self.scheme, base, self.lm_head.weight.shape[0])
         self.drafter = None if tree is None else drafters.make(tree, self.scheme, self.device, target.dtype)
-        self.graphs = graphs.Graphs() if graphs.resolve(cuda_graphs, self.device) else None
+        self.graphs = graphs.Emulated() if cuda_graphs == "emulate" else \
+            graphs.Graphs() if graphs.resolve(cuda_graphs, self.device) else None
         self.static = self.graphs is not None if static_shapes is None else static_shapes
         self.static_caches = {}  # capacity -> (target cache, head cache), kept so that captured graphs replay
         self.draft_model = None
