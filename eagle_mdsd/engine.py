@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from . import drafters, drafting, dynamic, graphs, kernels, lookup, models, verification
+from . import cycle, drafters, drafting, dynamic, graphs, kernels, lookup, models, verification
 from .cache import KVCache
 from . import tree as trees
 from .tree import Tree
@@ -222,6 +222,7 @@ class Decoder:
             graphs.Graphs() if graphs.resolve(cuda_graphs, self.device) else None
         self.static = self.graphs is not None if static_shapes is None else static_shapes
         self.static_caches = {}  # capacity -> (target cache, head cache), kept so that captured graphs replay
+        self.device_cycles = {}  # (target cache, method) -> its cycle.DeviceCycle, kept for the same reason
         self.draft_model = None
         if head is not None:
             fill = max(base.top_k if isinstance(base, dynamic.DynamicTree) else max(map(len, base.children)), 1) \
@@ -316,7 +317,9 @@ class Decoder:
             raise ValueError(f"prompt ({len(prompt)} tokens) + max_new_tokens ({max_new_tokens}) + tree depth "
                              f"({tree_depth}) exceed the model's context of {context} tokens: shorten the prompt "
                              f"or lower max_new_tokens")
-        capacity = len(prompt) + max_new_tokens + (self.tree.size if method == "eagle" else 0) + 2
+        # a cycle may run past max_new_tokens by a path, and the device loop queues one cycle ahead
+        extra = self.tree.size + self.tree.max_depth + 1 if method == "eagle" else 1
+        capacity = len(prompt) + max_new_tokens + 2 * extra + 2
         call = Call(temperature, torch.Generator(device=self.device).manual_seed(seed),
                     *self._caches(capacity, method), PhaseTimer(profile, self.device), 0, prompt[:0], -1)
         return call, prompt
@@ -334,20 +337,14 @@ class Decoder:
         call.root = self._choose(self.logits(features[-1]), call.temperature, call.generator)
         call.root_id = call.root.tolist()[0]
         prefill_time = time.perf_counter() - start
-        call.pending = (features, torch.cat([prompt[1:], call.root]))
         call.context = prompt.tolist() + [call.root_id]
         result = GenerationResult(call.context[:-1], [call.root_id], 0, accepted_ranks=call.accepted_ranks)
-        step = self._cycle if method == "eagle" else self._plain_step
-        while call.root_id not in self.eos and result.new_tokens < max_new_tokens:
-            emitted = step(call)
-            eos = next((i for i, token in enumerate(emitted) if token in self.eos), None)
-            emitted = emitted if eos is None else emitted[: eos + 1]  # a T = 0 path may run on past an EOS
-            result.cycles += 1
-            result.accept_lengths.append(len(emitted))
-            result.token_ids.extend(emitted)
-            if eos is not None:
-                break
-            call.context.extend(emitted)
+        on_device = self._device_cycle(call, method)
+        if on_device is not None:
+            self._run_on_device(on_device, call, prompt, features, result, max_new_tokens)
+        else:
+            call.pending = (features, torch.cat([prompt[1:], call.root]))
+            self._run_on_host(call, result, max_new_tokens, method)
         del result.token_ids[max_new_tokens:]
         result.prefill_time_s = prefill_time
         result.graph_capture_s = (self.graphs.seconds if self.graphs else 0.0) - captured
@@ -355,6 +352,65 @@ class Decoder:
         result.profile = dict(call.timer.seconds)
         result.copy_cycles = call.copy_cycles
         return result
+
+    def _emit(self, result: GenerationResult, emitted: list[int]) -> bool:
+        """Count one cycle's tokens, cut at an EOS; True when the call ends on it."""
+        eos = next((i for i, token in enumerate(emitted) if token in self.eos), None)
+        emitted = emitted if eos is None else emitted[: eos + 1]  # a T = 0 path may run on past an EOS
+        result.cycles += 1
+        result.accept_lengths.append(len(emitted))
+        result.token_ids.extend(emitted)
+        return eos is not None
+
+    def _run_on_host(self, call: Call, result: GenerationResult, max_new_tokens: int, method: str) -> None:
+        step = self._cycle if method == "eagle" else self._plain_step
+        while call.root_id not in self.eos and result.new_tokens < max_new_tokens:
+            emitted = step(call)
+            if self._emit(result, emitted):
+                break
+            call.context.extend(emitted)
+
+    def _device_cycle(self, call: Call, method: str) -> cycle.DeviceCycle | None:
+        """The call's T = 0 cycle on the device (cycle.py), where its caches are static and its tree allows."""
+        if not self.static or call.temperature != 0 or (
+                method == "eagle" and not cycle.supports(self.tree, self.scheme.name)):
+            return None
+        key = (id(call.target_cache), method)
+        if key not in self.device_cycles:
+            self.device_cycles[key] = cycle.DeviceCycle(self, self.tree if method == "eagle" else None,
+                                                        call.target_cache, call.head_cache, method)
+        return self.device_cycles[key]
+
+    def _run_on_device(self, on_device: cycle.DeviceCycle, call: Call, prompt, features, result: GenerationResult,
+                       max_new_tokens: int) -> None:
+        """Cycles over device state, one transfer each; a cycle is queued before the host waits for the last
+        one's result wherever the token budget cannot end the call first (an EOS can: then it is dropped)."""
+        if on_device.method == "eagle" and len(prompt) > 1:  # the head reads the prompt's pairs but the last
+            causal = torch.full((len(prompt) - 1,) * 2, torch.finfo(self.target.dtype).min, dtype=self.target.dtype,
+                                device=self.device).triu_(1)
+            self.draft_model.run(call.head_cache, features[:-1], prompt[1:], torch.arange(1, len(prompt),
+                                 device=self.device), causal, 0, graph=False)
+        on_device.start(call.length, call.root, features[-1])
+        if call.root_id in self.eos or result.new_tokens >= max_new_tokens:
+            return
+        parity = 0
+        call.timer.start()
+        on_device.launch(parity, call.timer)
+        while True:
+            ahead = result.new_tokens + on_device.pairs < max_new_tokens
+            if ahead:
+                on_device.launch(1 - parity, call.timer)
+            accepted, emitted, ranks, internal = on_device.receive(parity)
+            if on_device.method == "eagle":
+                eos = next((i for i, token in enumerate(emitted[:-1]) if token in self.eos), None)
+                call.accepted_ranks.extend(ranks if eos is None else ranks[: eos + 1])
+                if eos is None and internal:
+                    call.accepted_ranks.append(-1)
+            if self._emit(result, emitted) or result.new_tokens >= max_new_tokens:
+                return
+            if not ahead:
+                on_device.launch(1 - parity, call.timer)
+            parity = 1 - parity
 
     def _plain_step(self, call: Call) -> list[int]:
         """One token from one target forward: the baseline every method is measured against."""
