@@ -158,7 +158,7 @@ def test_train_head_takes_a_draft_vocabulary_size_or_full(capsys):
     parse = cli.build_parser().parse_args
     assert parse(["train-head", "train", "--draft-vocab", "8192"]).train_draft_vocab == 8192
     assert parse(["train-head", "train", "--draft-vocab", "full"]).train_draft_vocab is None
-    assert parse(["train-head", "train"]).train_draft_vocab is None  # the default: the full vocabulary
+    assert parse(["train-head", "train"]).train_draft_vocab is None  # the default: as heads 1-7 were trained
     with pytest.raises(SystemExit):
         parse(["train-head", "train", "--draft-vocab", "auto"])
     assert "expected a number of tokens or 'full', got 'auto'" in capsys.readouterr().err
@@ -190,12 +190,12 @@ def test_train_head_refuses_options_its_stage_does_not_read(monkeypatch, tmp_pat
                            "--unroll (train), --temperature (data) do nothing in train-head prompts: drop them"),
                           (["export", "--seed", "3"], "--seed (prompts / data / train) does nothing"),
                           (["all", "--openers", "x"], "--openers (prompts) does nothing in train-head all")):
-        assert cli.main(["train-head", *argv, *run]) == 2
+        assert cli.main(["train-head", *argv, *run]) == 2  # they were parsed and ignored
         assert message in capsys.readouterr().err
     seen = {}
     monkeypatch.setattr(training, "make_data", lambda run, prompts, recipe, *args: seen.update(recipe=recipe) or [])
     assert cli.main(["train-head", "data", "--seed", "7", "--max-prompts", "16", *run]) == 0
-    assert seen["recipe"].seed == 7 and seen["recipe"].max_prompts == 16
+    assert seen["recipe"].seed == 7 and seen["recipe"].max_prompts == 16  # --seed chose nothing here before
     assert not seen["recipe"].sort_by_length
     assert cli.main(["train-head", "data", "--sort-by-length", *run]) == 0 and seen["recipe"].sort_by_length
     assert cli.main(["train-head", "train", "--sort-by-length", *run]) == 2
