@@ -177,7 +177,8 @@ def test_train_head_passes_the_format_to_training_and_only_the_train_stage_reads
     from eagle_mdsd import cli
 
     seen = {}
-    monkeypatch.setattr(training, "train", lambda run, recipe, *args, **options: seen.update(recipe=recipe) or {"log": []})
+    monkeypatch.setattr(training, "train",
+                        lambda run, recipe, *args, **options: seen.update(recipe=recipe) or {"log": []})
     for argv, expected in ((["--format", "eagle3"], "eagle3"), ([], "eagle1")):
         args = cli.build_parser().parse_args(["train-head", "train", "--run", str(tmp_path)] + argv)
         args.fn(args)
@@ -227,7 +228,7 @@ def test_a_rerun_continues_the_time_schedule_it_was_cut_by(tmp_path, monkeypatch
     model = _deep_run(tmp_path / "data", _embedded_tokenizer(), features=False)
     recipe = training.TrainRecipe(data_from=(str(tmp_path / "data"),), epochs=50, tokens_per_batch=60, bf16=False)
     clock = iter(range(10**6))
-    monkeypatch.setattr(training.time, "monotonic", lambda: float(next(clock)))  # a second a look at the clock
+    monkeypatch.setattr(training.trainer.time, "monotonic", lambda: float(next(clock)))  # a second a look at the clock
     cut = training.train(tmp_path / "boxed", recipe, model, schedule_minutes=0.1)  # 6 s of this clock
     assert 1 <= cut["step"] < 10 and cut["scheduled_s"] >= 6
     again = training.train(tmp_path / "boxed", recipe, model, schedule_minutes=0.1)
