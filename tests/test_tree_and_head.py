@@ -11,7 +11,7 @@ import warnings
 import pytest
 import torch
 
-from eagle_mdsd import head, tree
+from eagle_mdsd import checkpoint, head, tree
 
 from tiny import tiny_target
 
@@ -160,7 +160,7 @@ def test_a_head_id_the_hub_cannot_give_is_a_one_line_error(monkeypatch):
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
     with pytest.raises(FileNotFoundError) as error:
-        head.resolve("runs/no_such_head")
+        checkpoint.head_folder("runs/no_such_head")
     assert str(error.value).startswith("draft head runs/no_such_head is no folder here and the hub did not give it")
     assert "\n" not in str(error.value)
 
