@@ -64,6 +64,17 @@ def test_tree_files(tmp_path):
     assert tree.load("chain9").size == 9
 
 
+def test_a_name_finds_the_shipped_trees_from_any_folder_and_a_tree_of_tree_configs_there(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert tree.load("eagle_default").size == 25  # from the package, not the working directory
+    (tmp_path / "tree_configs").mkdir()
+    (tmp_path / "tree_configs" / "measured.json").write_text(json.dumps({"paths": [[0], [1]]}))
+    (tmp_path / "tree_configs" / "chain4.json").write_text(json.dumps({"paths": [[0]]}))
+    assert tree.load("measured").paths == ((0,), (1,))
+    assert tree.load("chain4").size == 4  # a shipped name keeps its shipped tree
+    assert {"eagle_default", "measured", "sequoia_cpu"} <= set(tree.names())
+
+
 def head_logits(draft_head, target):
     torch.manual_seed(1)
     features = torch.randn(1, 5, target.config.hidden_size, dtype=target.dtype)
