@@ -89,7 +89,10 @@ def names() -> list[str]:
 
 
 def named(name: str) -> Path | None:
-    """The file of the tree called `name`: a shipped one, else tree_configs/NAME.json; None where neither is."""
+    """The file of the tree called `name`: a shipped one, else tree_configs/NAME.json; None where neither is (and
+    for a name with a folder in it, which is no name)."""
+    if not name or Path(name).name != name:
+        return None
     for folder in (SHIPPED_TREES, USER_TREES):
         if (folder / f"{name}.json").is_file():
             return folder / f"{name}.json"
