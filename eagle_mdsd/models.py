@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from . import prompts
-from .embedded import DEFAULT_HEAD, EMBEDDED, EMBEDDED_NAME, GGUF_FILE, PACKAGE
+from .embedded import DEFAULT_HEAD, EMBEDDED, EMBEDDED_NAME, GGUF_FILE, PACKAGE  # callers name them models.X
 
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
