@@ -31,8 +31,10 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 
 def greedy_equivalence(rows_file: Path, question_count: int = 5, max_new_tokens: int = 128,
                        trees=ALL_TREES, dtypes=("float32", "bfloat16"), head_spec: str = "random",
-                       base_model: str | None = None, device: str = "cpu", cuda_graphs: str = "auto") -> list[dict]:
-    """base_model: a hub id, folder or .gguf file (models.load_target); None, the embedded default."""
+                       base_model: str | None = None, device: str = "cpu", cuda_graphs: str = "auto",
+                       kernels_choice: str = "auto") -> list[dict]:
+    """base_model: a hub id, folder or .gguf file (models.load_target); None, the embedded default.
+    kernels_choice: the engine's linear kernels (`engine.Decoder`); `generate` always runs the stock ones."""
     topologies = {name: None if name == BASELINE else dynamic.load(name) for name in trees}  # bad names: now
     torch_dtypes = {dtype: models.parse_dtype(dtype) for dtype in dtypes}
     done = {}
@@ -57,7 +59,8 @@ def greedy_equivalence(rows_file: Path, question_count: int = 5, max_new_tokens:
                 references[question["question_id"]] = out[0, len(prompt):].tolist()
             reference = references[question["question_id"]]
             topology = topologies[tree_name]
-            decoder = engine.Decoder(target, draft_head, topology, eos_token_ids=eos, cuda_graphs=cuda_graphs)
+            decoder = engine.Decoder(target, draft_head, topology, eos_token_ids=eos, cuda_graphs=cuda_graphs,
+                                     kernels_choice=kernels_choice)
             result = decoder.generate(prompt, max_new_tokens, 0.0, method="baseline" if topology is None else "eagle")
             row = {"dtype": dtype, "question_id": question["question_id"], "tree": tree_name,
                    "identical": result.token_ids == reference, "tokens": result.new_tokens,

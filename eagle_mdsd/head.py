@@ -27,6 +27,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from . import eagle3
+from .checkpoint import head_config_for, head_folder, read_weights, write_weights
 from .models import cache_keyword
 
 DRAFT_VOCAB_FILE = "draft_vocab.json"
@@ -58,21 +60,6 @@ class EagleHead(nn.Module):
         return hidden
 
 
-def head_config_for(target_config):
-    """A Llama config for a head over `target_config` (hidden size, heads, vocabulary)."""
-    from transformers import LlamaConfig
-
-    names = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "vocab_size",
-             "rms_norm_eps", "max_position_embeddings", "rope_theta", "hidden_act")
-    values = {name: getattr(target_config, name) for name in names if getattr(target_config, name, None) is not None}
-    rope = getattr(target_config, "rope_parameters", None)
-    config = LlamaConfig(**values, num_hidden_layers=1, attention_bias=False, mlp_bias=False)
-    if isinstance(rope, dict) and rope.get("rope_theta") is not None and hasattr(config, "rope_parameters"):
-        config.rope_parameters = {"rope_type": "default", "rope_theta": rope["rope_theta"]}
-    config.head_dim = target_config.hidden_size // target_config.num_attention_heads
-    return config
-
-
 def random_head(target, seed: int = 0, layers: int = 1) -> EagleHead:
     """An untrained head for `target` (tests: correctness must not depend on head quality)."""
     torch.manual_seed(seed)
@@ -87,7 +74,7 @@ def random_head(target, seed: int = 0, layers: int = 1) -> EagleHead:
     return head.to(dtype=target.dtype, device=target.device).eval()
 
 
-def check_fits(config, target_config, source: str) -> None:
+def _check_fits_target(config, target_config, source: str) -> None:
     """A head whose sizes do not match the target is refused, naming the field."""
     for field in ("hidden_size", "vocab_size"):
         head_value, target_value = getattr(config, field, None), getattr(target_config, field, None)
@@ -96,59 +83,25 @@ def check_fits(config, target_config, source: str) -> None:
                              f"head but {target_value} in the base model; use a head trained for this base model")
 
 
-def _read_weights(folder: Path) -> dict:
-    if (folder / "model.safetensors").exists():
-        from safetensors.torch import load_file
-
-        return load_file(folder / "model.safetensors")
-    if (folder / "pytorch_model.bin").exists():
-        return torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
-    raise FileNotFoundError(f"draft head {folder} has neither model.safetensors nor pytorch_model.bin")
-
-
-def resolve(spec: str) -> Path:
-    """A local folder, or a hub id downloaded with huggingface_hub (needs network)."""
-    path = Path(spec)
-    if path.exists():
-        return path
-    if "/" in spec and not spec.startswith((".", "/")):
-        from huggingface_hub import snapshot_download
-
-        from .models import hub_offline
-
-        offline = hub_offline()  # then only a copy in the hub's cache, at once
-        try:
-            return Path(snapshot_download(spec, allow_patterns=["config.json", "*.bin", "*.safetensors"],
-                                          local_files_only=offline))
-        except Exception as error:  # no network, no such repository, ...: the hub's own message runs to lines
-            why = "the hub is out of reach and its cache has no copy" if offline else type(error).__name__
-            raise FileNotFoundError(f"draft head {spec} is no folder here and the hub did not give it "
-                                    f"({why}): give a folder with config.json and weights, or a "
-                                    f"hub id with network") from None
-    raise FileNotFoundError(f"draft head {spec} does not exist: give a folder with config.json and weights")
-
-
 def load_head(spec: str, target):
     """Load an EAGLE-1 head (EagleHead) or an EAGLE-3 one (eagle3.Eagle3Head, told by its config) for `target`;
     refuses heads that do not fit it."""
     from transformers import LlamaConfig
 
-    folder = resolve(str(spec))
+    folder = head_folder(str(spec))
     config_file = folder / "config.json"
     if not config_file.exists():
         raise FileNotFoundError(f"draft head {spec} has no config.json")
     raw = json.loads(config_file.read_text())
-    from . import eagle3
-
     if eagle3.is_eagle3(raw):
-        return eagle3.load(raw, _read_weights(folder), target, str(spec))
+        return eagle3.load(raw, read_weights(folder), target, str(spec))
     bias = bool(raw.pop("bias", True))
     config = LlamaConfig(**{k: v for k, v in raw.items() if k not in ("architectures",)})
-    check_fits(config, target.config, str(spec))
+    _check_fits_target(config, target.config, str(spec))
     if config.num_hidden_layers < 1:
         raise ValueError(f"draft head {spec}: num_hidden_layers is {config.num_hidden_layers}; a head needs at "
                          f"least one decoder layer (EAGLE-1 heads have 1)")
-    state = _read_weights(folder)
+    state = read_weights(folder)
     embed = state.pop("embed_tokens.weight", None)
     if embed is not None and tuple(embed.shape) != tuple(target.get_input_embeddings().weight.shape):
         raise ValueError(f"draft head {spec} does not fit the base model: embed_tokens.weight is "
@@ -182,15 +135,10 @@ def save_head(head: EagleHead, folder, target=None, safetensors: bool = False) -
     config.update({"bias": head.bias, "num_hidden_layers": len(head.layers), "architectures": ["LlamaForCausalLM"]})
     config.pop("_attn_implementation_autoset", None)
     (folder / "config.json").write_text(json.dumps(config, indent=2, default=str) + "\n")
-    state = {k: v.detach().to("cpu").contiguous() for k, v in head.state_dict().items()}
+    state = dict(head.state_dict())
     if target is not None:
-        state["embed_tokens.weight"] = target.get_input_embeddings().weight.detach().float().cpu().contiguous()
-    if safetensors:
-        from safetensors.torch import save_file
-
-        save_file(state, folder / "model.safetensors")
-    else:
-        torch.save(state, folder / "pytorch_model.bin")
+        state["embed_tokens.weight"] = target.get_input_embeddings().weight.float()
+    write_weights(state, folder, safetensors)
     if head.draft_vocab is not None:
         (folder / DRAFT_VOCAB_FILE).write_text(json.dumps({"token_ids": list(head.draft_vocab)}) + "\n")
     return folder

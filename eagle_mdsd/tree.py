@@ -13,7 +13,8 @@ from pathlib import Path
 
 import torch
 
-TREE_DIR = Path(__file__).resolve().parent.parent / "tree_configs"
+SHIPPED_TREES = Path(__file__).resolve().parent / "data" / "trees"
+USER_TREES = Path("tree_configs")  # under the working directory: where `eagle-mdsd sequoia` writes
 MAX_NODES = 1024
 
 
@@ -83,20 +84,33 @@ def chain(length: int) -> Tree:
 
 
 def names() -> list[str]:
-    return sorted(p.stem for p in TREE_DIR.glob("*.json"))
+    """The trees reached by name: the shipped ones and those in tree_configs/ under the working directory."""
+    return sorted({p.stem for folder in (SHIPPED_TREES, USER_TREES) for p in folder.glob("*.json")})
+
+
+def named(name: str) -> Path | None:
+    """The file of the tree called `name`: a shipped one, else tree_configs/NAME.json; None where neither is (and
+    for a name with a folder in it, which is no name)."""
+    if not name or Path(name).name != name:
+        return None
+    for folder in (SHIPPED_TREES, USER_TREES):
+        if (folder / f"{name}.json").is_file():
+            return folder / f"{name}.json"
+    return None
 
 
 def load(spec: str) -> Tree:
-    """A tree by name (tree_configs/NAME.json), `chainN`, or a path to a JSON file.
+    """A tree by name (shipped, or tree_configs/NAME.json under the working directory), `chainN`, or a path to
+    a JSON file.
 
     The file holds either a list of paths or {"paths": [...], "description": ...}.
     """
     path = Path(spec)
     if path.suffix != ".json":
-        if spec.startswith("chain") and spec[5:].isdigit() and not (TREE_DIR / f"{spec}.json").exists():
+        path = named(spec)
+        if path is None and spec.startswith("chain") and spec[5:].isdigit():
             return chain(int(spec[5:]))
-        path = TREE_DIR / f"{spec}.json"
-        if not path.exists():
+        if path is None:
             raise ValueError(f"unknown tree {spec!r}: use one of {', '.join(names())}, chainN, or a .json file")
     elif not path.exists():
         raise FileNotFoundError(f"tree file {spec} does not exist")

@@ -16,9 +16,8 @@ Writes evaluation/results/compiled_peer_<date>.md.
     .venv/bin/python evaluation/compiled_peer.py [--questions 8] [--freezing]
 
 `--freezing` also turns on inductor's freezing pass (its own oneDNN weight
-packing); with torch 2.13.0 and transformers 5.23.0 on a 2-core AMD EPYC the
-compiled forward then stops with an index out of bounds in its fused cache
-update, so the measured page has no such row.
+packing), which can stop the compiled forward in its fused cache update
+(evaluation/results/compiled_peer_*.md).
 """
 
 from __future__ import annotations

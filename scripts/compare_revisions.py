@@ -49,7 +49,7 @@ def main() -> None:
     parser.add_argument("revision", help="a git revision of this repository (commit, tag, branch)")
     parser.add_argument("--questions", type=int, default=8, help="MT-Bench first turns, one per 10 question ids")
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
-    parser.add_argument("--tree", default="eagle_default", help="a static tree of tree_configs/")
+    parser.add_argument("--tree", default="eagle_default", help="a static tree: a name, chainN or a .json file")
     parser.add_argument("--method", choices=["eagle", "baseline"], default="eagle",
                         help="baseline: the engines' plain decoding (no head, no tree)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
@@ -68,7 +68,7 @@ def main() -> None:
     except (ValueError, FileNotFoundError) as error:
         parser.error(str(error))
     if not isinstance(tree, Tree):  # the two engines' dynamic-tree classes are not the same class
-        parser.error(f"--tree {args.tree}: compare revisions on a static tree (tree_configs/ or chainN)")
+        parser.error(f"--tree {args.tree}: compare revisions on a static tree (a name, chainN or a .json file)")
     dtype = models.parse_dtype(args.dtype)
     date = datetime.date.today().isoformat()
     name = args.name or f"engine_vs_{args.revision}_{date}_{args.dtype}"

@@ -13,6 +13,8 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from eagle_mdsd import bench, benchmarks, cli, engine, head, kernels, models, peers, questions, report, suite, tree
 
+from tiny import tiny_target
+
 
 @pytest.fixture(scope="module")
 def small_chat_model():
@@ -318,7 +320,7 @@ def test_a_question_file_of_your_own(tmp_path):
     with pytest.raises(ValueError, match="bad.jsonl line 1 has neither 'turns' nor 'prompt'"):
         questions.load(str(tmp_path / "bad.jsonl"))
     for record in ({"turns": "one text, not a list"}, {"turns": []}, {"turns": ["A?", 3]}, {"prompt": ""},
-                   {"prompt": ["A?"]}):  # the first was read as one turn a letter
+                   {"prompt": ["A?"]}):  # a text is no list of turns, though it iterates as one
         (tmp_path / "bad.jsonl").write_text(json.dumps({"prompt": "Fine."}) + "\n" + json.dumps(record))
         with pytest.raises(ValueError, match="bad.jsonl line 2: 'turns' must be a non-empty list of texts"):
             questions.load(str(tmp_path / "bad.jsonl"))
@@ -467,10 +469,23 @@ def test_the_page_gives_each_eagle_trees_time_a_cycle_and_tau():
     assert lines == ["eagle[eagle_default] at T=0: 80.0 ms a cycle (wall time / cycles, prefill included), tau 2.00"]
 
 
-def test_cli_methods_are_the_suites():
+def test_every_method_the_suite_offers_answers_transformers_greedy_tokens_at_t0():
+    target = tiny_target(vocab=64, hidden=64)
+    draft_head, topology = head.random_head(target), tree.load("chain4")
+    prompt = [5, 6, 7, 5, 6, 7, 5, 6]  # repeats, so that prompt lookup finds drafts
+    with torch.inference_mode():
+        greedy = target.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, eos_token_id=None)
+    for method in suite.METHODS:
+        runner = suite.make_runner(method, target, None, draft_head, topology)
+        answer = runner.generate(prompt, 12, 0.0, 0, method).token_ids
+        assert answer == greedy[0, len(prompt):].tolist()[: len(answer)] and answer, method
+    with pytest.raises(ValueError, match="unknown method 'nope'"):
+        suite.make_runner("nope", target, None)
+
+
+def test_cli_sampling_defaults_are_the_suites():
     from eagle_mdsd import cli
 
-    assert tuple(cli.METHODS) == suite.METHODS
     assert cli.build_parser().parse_args(["benchmark"]).sampling_pair == suite.SAMPLING_PAIR
     assert cli.build_parser().parse_args(["benchmark"]).sampling_tree == suite.SAMPLING_TREE
 
