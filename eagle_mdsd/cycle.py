@@ -25,15 +25,14 @@ from __future__ import annotations
 
 import torch
 
-from . import dynamic
 from .tree import Tree, layout
 
 
 def supports(topology, scheme_name: str) -> bool:
     """Whether a tree's T = 0 cycle runs here: a static tree or EAGLE-2, drafted by top-k."""
-    if scheme_name != "topk":
+    if scheme_name != "topk" or topology.grafted:
         return False
-    return isinstance(topology, Tree) or (isinstance(topology, dynamic.DynamicTree) and topology.name == "eagle2")
+    return topology.static or topology.name == "eagle2"
 
 
 class State:
@@ -105,7 +104,7 @@ class DeviceCycle:
         self.target_cache, self.head_cache = target_cache, head_cache
         device, self.dtype = decoder.device, decoder.target.dtype
         self.device = device
-        self.grown = isinstance(topology, dynamic.DynamicTree)
+        self.grown = topology is not None and not topology.static
         if method == "baseline":
             self.nodes, self.levels = 0, 0
         elif self.grown:

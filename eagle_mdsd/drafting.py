@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import torch
 
+from .errors import UsageError
+
 __all__ = [
     "DraftScheme", "SCHEMES", "get", "names", "exclude", "top_tokens", "draw",
 ]
@@ -127,9 +129,9 @@ def _sample(dist: torch.Tensor, generator: torch.Generator | None) -> torch.Tens
 
 def _check_n(n: int, vocab: int, distinct: bool) -> None:
     if n < 1:
-        raise ValueError(f"number of drafts must be at least 1, got {n}")
+        raise UsageError(f"number of drafts must be at least 1, got {n}")
     if distinct and n > vocab:
-        raise ValueError(f"cannot draw {n} distinct drafts from a vocabulary of {vocab}: use n <= {vocab}")
+        raise UsageError(f"cannot draw {n} distinct drafts from a vocabulary of {vocab}: use n <= {vocab}")
 
 
 class DraftScheme:
@@ -222,7 +224,7 @@ class SpecHub(DraftScheme):
 
     def check(self, n, vocab):
         if n != 2:
-            raise ValueError(f"spechub draws exactly 2 drafts per node, got n={n}: use a tree with 2 children per node")
+            raise UsageError(f"spechub draws exactly 2 drafts per node, got n={n}: use a tree with 2 children per node")
         _check_n(n, vocab, True)
 
     def sample_batch(self, q, n, generator=None):
@@ -273,4 +275,4 @@ def get(name: str | DraftScheme) -> DraftScheme:
     try:
         return SCHEMES[name]
     except KeyError:
-        raise ValueError(f"unknown drafting scheme {name!r}: choose one of {', '.join(SCHEMES)}") from None
+        raise UsageError(f"unknown drafting scheme {name!r}: choose one of {', '.join(SCHEMES)}") from None

@@ -19,6 +19,8 @@ import warnings
 
 import torch
 
+from .errors import UsageError
+
 CHOICES = ("auto", "off")
 # What a replay is labelled in the profiler: hostsync.top_level_ops counts replays, not the ops inside them.
 REPLAY = "eagle_mdsd::graph_replay"
@@ -27,7 +29,7 @@ REPLAY = "eagle_mdsd::graph_replay"
 def resolve(choice: str, device: torch.device) -> bool:
     """--cuda-graphs auto|off -> whether to capture: auto means on CUDA."""
     if choice not in CHOICES:
-        raise ValueError(f"unknown --cuda-graphs {choice!r}: use one of {', '.join(CHOICES)}")
+        raise UsageError(f"unknown --cuda-graphs {choice!r}: use one of {', '.join(CHOICES)}")
     return choice == "auto" and torch.device(device).type == "cuda"
 
 

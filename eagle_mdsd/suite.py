@@ -26,7 +26,6 @@ from tqdm import tqdm
 
 from . import bench, dynamic, engine, head, kernels, lookup, models, peers, questions, report, verification
 from .benchmarks import machine, machine_line
-from .tree import Tree
 
 METHODS = ("eagle", "baseline") + peers.METHODS
 PEER = "hf_generate"  # the page gives every method's tokens/s over transformers generate's, the usual reference
@@ -57,16 +56,11 @@ def make_runner(method: str, target, tokenizer, draft_head=None, topology=None, 
 def check_fits(topology, drafter: str, verifier: str) -> None:
     """One-line error unless the pair is lossless and can fill the tree (static or dynamic)."""
     verification.check_pair(drafter, verifier)
-    if isinstance(topology, lookup.LookupTree):
-        topology = topology.base
-    if isinstance(topology, dynamic.DynamicTree):
-        dynamic.check_pair(topology, drafter)
-    else:
-        engine.check_drafter_fits(drafter, topology)
+    topology.check_scheme(drafter)
 
 
 def tree_label(topology) -> str:
-    return topology.label if isinstance(topology, (dynamic.DynamicTree, lookup.LookupTree)) else topology.name
+    return topology.label
 
 
 def tree_and_pair(entry: str, drafter: str, verifier: str) -> tuple[str, str, str]:
@@ -108,12 +102,12 @@ def benchmark_setups(trees, drafter: str, verifier: str, sampled: tuple[str, str
         label = tree_label(topology) + own
         own_run = (label, topology, own_drafter, own_verifier)
         setup = {False: own_run, True: own_run}
-        grafted = topology.tokens if isinstance(topology, lookup.LookupTree) else 0
-        if not own and isinstance(topology.base if grafted else topology, Tree):
+        grafted = topology.grafted
+        if not own and topology.static:
             sampled_topology = topology
             if sampling_tree != "same":
                 sampled_topology = dynamic.load(sampling_tree)
-                if not isinstance(sampled_topology, Tree):
+                if not sampled_topology.static or sampled_topology.grafted:
                     raise ValueError(f"--sampling-tree {sampling_tree}: give a static tree (a name, chainN or a "
                                      f"file), or 'same'")
                 if grafted:  # TREE+lookupN samples on SAMPLING_TREE+lookupN

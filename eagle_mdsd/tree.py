@@ -13,6 +13,9 @@ from pathlib import Path
 
 import torch
 
+from . import drafting
+from .errors import UsageError
+
 SHIPPED_TREES = Path(__file__).resolve().parent / "data" / "trees"
 USER_TREES = Path("tree_configs")  # under the working directory: where `eagle-mdsd sequoia` writes
 MAX_NODES = 1024
@@ -42,6 +45,30 @@ class Tree:
     def internal(self, d: int) -> list[int]:
         """Nodes at depth d that have children: the ones the head must run on."""
         return [i for i in self.level(d) if self.children[i]]
+
+    # The topology interface that static, dynamic (dynamic.py) and grafted (lookup.py) trees share.
+    @property
+    def label(self) -> str:
+        return self.name
+
+    @property
+    def fill(self) -> int:
+        """The most children one node draws."""
+        return max(max(map(len, self.children)), 1)
+
+    static = True  # its nodes are fixed before drafting
+    grafted = 0  # prompt-lookup tokens grafted on
+
+    def check_scheme(self, scheme, vocab: int = 1 << 30) -> None:
+        """One-line error unless every internal node's child count is a draft count the scheme can produce."""
+        scheme = drafting.get(scheme)
+        for kids in self.children:
+            if kids:
+                try:
+                    scheme.check(len(kids), vocab)
+                except ValueError as error:
+                    raise UsageError(f"drafter {scheme.name!r} cannot fill tree {self.name!r} "
+                                     f"(a node has {len(kids)} children): {error}") from None
 
 
 def compile_tree(paths, name: str = "custom") -> Tree:

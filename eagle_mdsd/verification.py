@@ -19,6 +19,7 @@ import torch
 
 from . import drafting
 from .drafting import exclude, top_tokens
+from .errors import UsageError
 
 __all__ = ["Verifier", "VERIFIERS", "get", "names", "compatible", "check_pair", "kseq_rho"]
 
@@ -49,7 +50,7 @@ def _broadcast(p, q, drafts):
     batch = torch.broadcast_shapes(p.shape[:-1], q.shape[:-1], drafts.shape[:-1])
     vocab = p.shape[-1]
     if q.shape[-1] != vocab:
-        raise ValueError(f"p has {vocab} tokens but q has {q.shape[-1]}: both must cover the same vocabulary")
+        raise UsageError(f"p has {vocab} tokens but q has {q.shape[-1]}: both must cover the same vocabulary")
     return (p.expand(batch + (vocab,)), q.expand(batch + (vocab,)),
             drafts.expand(batch + drafts.shape[-1:]))
 
@@ -242,7 +243,7 @@ class SpecHubVerifier(Verifier):
 
     def _plan(self, p, q, drafts):
         if drafts.shape[-1] != 2:
-            raise ValueError(f"spechub verifies exactly 2 drafts per node, got {drafts.shape[-1]}")
+            raise UsageError(f"spechub verifies exactly 2 drafts per node, got {drafts.shape[-1]}")
         a = top_tokens(q, 1)
         a_mask = torch.zeros_like(q, dtype=torch.bool).scatter_(-1, a, True)
         rest = exclude(q, a_mask)
@@ -302,7 +303,7 @@ def get(name: str | Verifier) -> Verifier:
     try:
         return VERIFIERS[name]
     except KeyError:
-        raise ValueError(f"unknown verifier {name!r}: choose one of {', '.join(VERIFIERS)}") from None
+        raise UsageError(f"unknown verifier {name!r}: choose one of {', '.join(VERIFIERS)}") from None
 
 
 def compatible(scheme, verifier) -> bool:
@@ -315,7 +316,7 @@ def check_pair(scheme, verifier) -> None:
     s, v = drafting.get(scheme), get(verifier)
     if s.name not in v.schemes:
         valid = [name for name, ver in VERIFIERS.items() if s.name in ver.schemes]
-        raise ValueError(
+        raise UsageError(
             f"verifier {v.name!r} is not lossless for {s.name!r} drafts: use one of {', '.join(valid)}"
         )
 
