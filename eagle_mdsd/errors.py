@@ -9,3 +9,8 @@ ValueError keep working.
 
 class UsageError(ValueError):
     """Bad input from the user: the message names the input and the fix, in one line."""
+
+
+class MissingFile(UsageError, FileNotFoundError):
+    """A file or folder the user named is not there.  Also a FileNotFoundError, so that library callers that
+    catch that keep working."""
