@@ -29,6 +29,7 @@ import torch
 
 from . import engine, models, tree as trees
 from .cache import KVCache
+from .errors import UsageError
 
 NEG = float("-inf")
 
@@ -191,7 +192,7 @@ def output_path(name: str, out_dir: Path = trees.TREE_DIR) -> Path:
     """out_dir/NAME.json; NAME must be a plain file name, and an existing tree there one that Sequoia wrote
     (a rerun may replace it, a hand-written topology such as eagle_default is kept)."""
     if not name or name.startswith(".") or Path(name).name != name or "\\" in name:
-        raise ValueError(f"--name {name!r} must be a plain file name such as my_tree (written to "
+        raise UsageError(f"--name {name!r} must be a plain file name such as my_tree (written to "
                          f"{Path(out_dir).name}/NAME.json)")
     out = Path(out_dir) / f"{name}.json"
     if out.exists():
@@ -200,5 +201,5 @@ def output_path(name: str, out_dir: Path = trees.TREE_DIR) -> Path:
         except (json.JSONDecodeError, TypeError):
             written_by_sequoia = False
         if not written_by_sequoia:
-            raise ValueError(f"{Path(out_dir).name}/{name}.json is a tree Sequoia did not write: pick another --name")
+            raise UsageError(f"{Path(out_dir).name}/{name}.json is a tree Sequoia did not write: pick another --name")
     return out

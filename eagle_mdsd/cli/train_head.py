@@ -11,7 +11,7 @@ import functools
 import json
 from pathlib import Path
 
-from ..errors import MissingFile, UsageError
+from ..errors import MissingFile, UsageError, read_text
 from . import options
 
 
@@ -137,9 +137,9 @@ def _openers(path) -> list[str] | None:
     """The lines of an openers file, or None without one."""
     if path is None:
         return None
-    if not Path(path).is_file():
+    if not Path(path).exists():
         raise MissingFile(f"openers file {path} does not exist: give a text file with one message opener a line")
-    openers = [line.strip() for line in Path(path).read_text().splitlines() if line.strip()]
+    openers = [line.strip() for line in read_text(path, "openers file").splitlines() if line.strip()]
     if not openers:
         raise UsageError(f"openers file {path} has no lines: write one message opener a line (e.g. 'Write a')")
     return openers
