@@ -49,15 +49,16 @@ def draft_vocab(text: str):
     return count(1)(text)
 
 
-def model(base_model: bool = True) -> argparse.ArgumentParser:
-    """Parent parser of the target's options: --base-model (where the command takes another target), --dtype,
-    --device."""
+def model(base_model: bool = True, dtype: bool = True, device: bool = True) -> argparse.ArgumentParser:
+    """Parent parser of the target's options, those of them the command reads: --base-model, --dtype, --device."""
     parser = argparse.ArgumentParser(add_help=False)
     if base_model:
         parser.add_argument("--base-model", default=None,
                             help="hub id, folder or .gguf file (default: the embedded SmolLM2)")
-    parser.add_argument("--dtype", default="bfloat16", help=DTYPE_HELP)
-    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, or auto (layers spread over the GPUs)")
+    if dtype:
+        parser.add_argument("--dtype", default="bfloat16", help=DTYPE_HELP)
+    if device:
+        parser.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
     return parser
 
 

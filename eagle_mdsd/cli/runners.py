@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .. import dynamic, engine, verification
+from .. import dynamic, engine, peers, verification
 from ..errors import UsageError
 from . import options
 
@@ -19,8 +19,6 @@ def add_parser(sub, name: str, **keywords):
 def check_method_options(args) -> None:
     """Options of EAGLE with another --method, and of our decoders with a transformers peer, are refused: they
     would be parsed and ignored."""
-    from .. import peers
-
     if args.method == "eagle":
         return
     given = options.given(args, args.eagle_options)

@@ -19,17 +19,14 @@ def _draft_vocab(text: str):
     """The train stage's --draft-vocab: a number of tokens or 'full' (None); no 'auto', the data rank the tokens."""
     if text == "full":
         return None
-    try:
-        return options.count(1)(text)
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"expected a number of tokens or 'full', got {text!r}") from None
+    if not text.strip().lstrip("+-").isdigit():
+        raise argparse.ArgumentTypeError(f"expected a number of tokens or 'full', got {text!r}")
+    return options.count(1)(text)
 
 
-def _common(parser, seed_help: str, device: bool = True) -> None:
-    """--seed, --device and --max-minutes, which the prompts, data and train stages read."""
+def _common(parser, seed_help: str) -> None:
+    """--seed and --max-minutes, which the prompts, data and train stages read."""
     parser.add_argument("--seed", type=int, default=0, help=seed_help)
-    if device:
-        parser.add_argument("--device", default="cpu", help="cpu, or cuda on a GPU")
     parser.add_argument("--max-minutes", type=options.positive, default=None, help="stop (resumably) after this long")
 
 
@@ -39,7 +36,6 @@ def _prompts_options(parser) -> None:
                         help="a text file of message openers, one a line: batch b's messages start with line b")
     parser.add_argument("--batch-size", type=options.count(1), default=64,
                         help="messages a batch (a seed repeats its prompts only at the same batch size)")
-    parser.add_argument("--dtype", default="bfloat16", help=options.DTYPE_HELP)
 
 
 def _data_options(parser) -> None:
@@ -55,7 +51,6 @@ def _data_options(parser) -> None:
     parser.add_argument("--no-features", action="store_true",
                         help="keep the token ids alone; the train stage computes the features on its device")
     parser.add_argument("--temperature", type=float, default=0.0, help="sample the answers (default 0: greedy)")
-    parser.add_argument("--dtype", default="bfloat16", help=options.DTYPE_HELP)
 
 
 def _train_options(parser) -> None:
@@ -87,36 +82,32 @@ def _export_options(parser, evaluate: bool = False) -> None:
                             help="export pytorch_model.bin with the embedding copy")
 
 
-def _run_options() -> argparse.ArgumentParser:
-    """Parent parser of --run and --base-model, which every stage reads."""
-    parent = argparse.ArgumentParser(add_help=False)
-    parent.add_argument("--run", default="runs/smollm2-head", help="folder for shards, checkpoint and exports")
-    parent.add_argument("--base-model", default=None,
-                        help="hub id, folder or .gguf file (default: the embedded SmolLM2)")
-    return parent
-
-
 def add_parser(sub) -> None:
     parser = sub.add_parser("train-head", help="train an EAGLE-1 or EAGLE-3 head: data, train and export (resumable)")
     stages = parser.add_subparsers(dest="stage", required=True, metavar="STAGE")
-    run = _run_options()
-    prompts = stages.add_parser("prompts", parents=[run], help="the target writes its own training prompts")
+    run = argparse.ArgumentParser(add_help=False)  # every stage's
+    run.add_argument("--run", default="runs/smollm2-head", help="folder for shards, checkpoint and exports")
+    target = options.model()  # the stages that run the target; train and export read its config alone
+    prompts = stages.add_parser("prompts", parents=[run, target], help="the target writes its own training prompts")
     _prompts_options(prompts)
     _common(prompts, "the sampling's seed")
-    data = stages.add_parser("data", parents=[run], help="the target answers the prompts into data shards")
+    data = stages.add_parser("data", parents=[run, target], help="the target answers the prompts into data shards")
     _data_options(data)
     _common(data, "the prompts' shuffle, so which of them --max-prompts takes")
-    train = stages.add_parser("train", parents=[run], help="train the head on the data shards")
+    train = stages.add_parser("train", parents=[run, options.model(dtype=False)],
+                              help="train the head on the data shards")
     _train_options(train)
     _common(train, "the head's initialisation and the batch order")
-    export = stages.add_parser("export", parents=[run], help="write the trained head as a head folder")
+    export = stages.add_parser("export", parents=[run, options.model(dtype=False, device=False)],
+                               help="write the trained head as a head folder")
     _export_options(export)
-    every = stages.add_parser("all", parents=[run], help="data, train and export in one call")
+    every = stages.add_parser("all", parents=[run, target], help="data, train and export in one call")
     _data_options(every)
     _train_options(every)
     _export_options(every)
     _common(every, "the prompts' shuffle, the head's initialisation and the batch order")
-    evaluate = stages.add_parser("evaluate", parents=[run], help="teacher-forced top-1 of an exported head")
+    evaluate = stages.add_parser("evaluate", parents=[run, options.model(dtype=False, device=False)],
+                                 help="teacher-forced top-1 of an exported head")
     _export_options(evaluate, evaluate=True)
     for stage, fn in ((prompts, run_prompts), (data, run_data), (train, run_train), (export, run_export),
                       (every, run_all), (evaluate, run_evaluate)):
