@@ -7,11 +7,16 @@ import argparse
 import math
 from contextlib import contextmanager
 
-from .. import graphs, kernels
+from .. import graphs, kernels, models
 from ..errors import UsageError
 from ..suite import METHODS  # the methods every subcommand offers, defined once
 
 DTYPE_HELP = "float32, bfloat16 (default) or float16"
+
+
+def add_dtype(parser) -> None:
+    """--dtype, the target's weights: bfloat16 by default in every subcommand."""
+    parser.add_argument("--dtype", default="bfloat16", choices=list(models.DTYPES), metavar="DTYPE", help=DTYPE_HELP)
 DRAFT_VOCAB_HELP = ("draft over the head's N most frequent tokens (FR-Spec; exact): N, 'full', or 'auto' "
                     "(default: 8192 where the head ships draft_vocab.json, else full)")
 
@@ -56,7 +61,7 @@ def model(base_model: bool = True, dtype: bool = True, device: bool = True) -> a
         parser.add_argument("--base-model", default=None,
                             help="hub id, folder or .gguf file (default: the embedded SmolLM2)")
     if dtype:
-        parser.add_argument("--dtype", default="bfloat16", help=DTYPE_HELP)
+        add_dtype(parser)
     if device:
         parser.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
     return parser

@@ -14,7 +14,7 @@ def add_parser(sub) -> None:
     parser.add_argument("--run", default="runs/study", help="folder for the collected logits and cached rates")
     parser.add_argument("--positions", type=options.count(1), default=1024, help="answer positions per task")
     parser.add_argument("--max-new-tokens", type=options.count(1), default=128)
-    parser.add_argument("--dtype", default="bfloat16", help=options.DTYPE_HELP)
+    options.add_dtype(parser)
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--n", type=options.count(1), default=3, help="drafts per node for the table")
     parser.add_argument("--draws", type=options.count(1), default=8, help="sampled draft tuples per position")
