@@ -104,3 +104,15 @@ def test_a_missing_file_is_a_usage_error_and_a_file_not_found_error(tmp_path):
         errors.read_json(tmp_path / "bad.json", "settings file")
     with pytest.raises(errors.UsageError, match="is a folder"):
         errors.read_text(tmp_path, "question file")
+
+
+@pytest.mark.parametrize("argv", [["report", "a.jsonl", "--out", "{file}/report"],
+                                  ["bench", "--answer-file", "{file}/a.jsonl"], ["benchmark", "--answers", "{file}"],
+                                  ["study", "all", "--run", "{file}"], ["train-head", "data", "--run", "{file}/run"]])
+def test_an_output_path_that_cannot_be_made_is_refused_by_the_parser(argv, tmp_path, capsys):
+    in_the_way = tmp_path / "file"
+    in_the_way.write_text("")
+    with pytest.raises(SystemExit) as stop:
+        cli.main([word.format(file=in_the_way) for word in argv])
+    error = capsys.readouterr().err
+    assert stop.value.code == 2 and f"{in_the_way} is a file" in error and "Traceback" not in error

@@ -20,7 +20,7 @@ def add_parser(sub) -> None:
     parser.add_argument("--turns", type=options.count(0), default=None,
                         help="answer only the first N turns (default or 0: all)")
     parser.add_argument("--model-id", default=None, help="the answers' model_id (default: MODEL-METHOD)")
-    parser.add_argument("--answer-file", default=None,
+    parser.add_argument("--answer-file", type=options.output_file, default=None,
                         help="the .jsonl file answers are appended to (default runs/bench/BENCH/MODEL_ID.jsonl)")
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     parser.set_defaults(fn=run)

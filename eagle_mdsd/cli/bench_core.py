@@ -9,7 +9,7 @@ from . import options
 
 def add_parser(sub) -> None:
     parser = sub.add_parser("bench-core", help="time one node's drafting/verification and alpha* on this machine")
-    parser.add_argument("--out", default="runs/bench-core", help="results folder")
+    parser.add_argument("--out", type=options.output_folder, default="runs/bench-core", help="results folder")
     parser.add_argument("--max-drafts", type=options.count(2), default=8, help="largest n timed, from 2 (default 8)")
     parser.set_defaults(fn=run)
 

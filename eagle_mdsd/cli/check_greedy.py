@@ -22,7 +22,7 @@ def add_parser(sub) -> None:
     parser.add_argument("--device", default="cpu", help="cpu, or cuda, cuda:1, ... (the results file says which)")
     parser.add_argument("--cuda-graphs", default="auto", choices=graphs.CHOICES,
                         help="'auto': replay CUDA graphs on CUDA; 'off' (the results file says so): eagerly")
-    parser.add_argument("--out", default="runs/check-greedy")
+    parser.add_argument("--out", type=options.output_folder, default="runs/check-greedy")
     parser.set_defaults(fn=run)
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from contextlib import contextmanager
+from pathlib import Path
 
 from .. import graphs, kernels, models
 from ..errors import UsageError
@@ -43,6 +45,30 @@ def positive(text: str) -> float:
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"must be a number above 0, got {text}")
     return value
+
+
+def _writable(text: str, folder: bool) -> str:
+    """A path the command writes (a folder, or a file) can be made: the nearest part of it that exists is a
+    folder the user can write in (or, for a file, the file itself)."""
+    path = Path(text)
+    existing = next(part for part in (path, *path.parents) if part.exists() or part == Path(part.anchor or "."))
+    if existing.exists() and not existing.is_dir() and (folder or existing != path):
+        raise argparse.ArgumentTypeError(f"{text} is a file: give a folder" if existing == path else
+                                         f"{existing} is a file, so {text} cannot be made: give another path")
+    where = existing if existing.is_dir() else existing.parent
+    if not os.access(where, os.W_OK):
+        raise argparse.ArgumentTypeError(f"cannot write in {where}: give a path in a folder you can write in")
+    return text
+
+
+def output_folder(text: str) -> str:
+    """argparse type of a folder the command writes into (made if missing)."""
+    return _writable(text, folder=True)
+
+
+def output_file(text: str) -> str:
+    """argparse type of a file the command writes (its folder made if missing)."""
+    return _writable(text, folder=False)
 
 
 def draft_vocab(text: str):
@@ -107,7 +133,7 @@ def decoding(max_new_tokens: int = 128) -> argparse.ArgumentParser:
     """Parent parser of one decoding's options: --method, --temperature, --max-new-tokens, --seed."""
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--method", default="eagle", choices=METHODS,
-                        help="eagle, baseline (plain decoding, same loop), or transformers' hf_generate / prompt_lookup")
+                        help="eagle, baseline (plain decoding, same loop), or transformers' hf_generate, prompt_lookup")
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--max-new-tokens", type=count(1), default=max_new_tokens)
     parser.add_argument("--seed", type=int, default=0)
@@ -121,8 +147,8 @@ def run_folder(kind: str) -> argparse.ArgumentParser:
                         help=f"a fresh run's name (default DATE_HOST_TIME): answers in runs/{kind}/NAME/")
     parser.add_argument("--resume", default=None, metavar="NAME|PATH",
                         help="continue an earlier run made with the same settings: its name or its folder")
-    parser.add_argument("--out", default=f"runs/{kind}", help="folder of the report NAME.md")
-    parser.add_argument("--answers", default=f"runs/{kind}", help="folder of the run folders")
+    parser.add_argument("--out", type=output_folder, default=f"runs/{kind}", help="folder of the report NAME.md")
+    parser.add_argument("--answers", type=output_folder, default=f"runs/{kind}", help="folder of the run folders")
     return parser
 
 
@@ -168,7 +194,6 @@ def run_name(args, kind: str) -> str:
     an existing one it continues.  A PATH (a run's answer folder) sends the answers and the page to its parent."""
     import datetime
     import socket
-    from pathlib import Path
 
     answers = Path(args.answers)
     if args.resume:

@@ -5,13 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import UsageError
+from . import options
 
 
 def add_parser(sub) -> None:
     parser = sub.add_parser("report", help="tokens/s, speedup, tau per category from answer files: markdown + PNG")
     parser.add_argument("answer_files", nargs="+")
     parser.add_argument("--baseline", default=None, help="answer file of the baseline the speedups are against")
-    parser.add_argument("--out", default="runs/report/report", help="writes OUT.md and OUT.png")
+    parser.add_argument("--out", type=options.output_file, default="runs/report/report",
+                        help="writes OUT.md and OUT.png")
     parser.add_argument("--title", default="")
     parser.add_argument("--labels", default=None,
                         help="comma-separated row names, one per answer file (default: each file's model_id)")

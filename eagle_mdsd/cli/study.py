@@ -11,7 +11,8 @@ from . import options
 def add_parser(sub) -> None:
     parser = sub.add_parser("study", help="acceptance of every verifier against alpha* on real p and q (resumable)")
     parser.add_argument("stage", choices=["collect", "analyse", "all"])
-    parser.add_argument("--run", default="runs/study", help="folder for the collected logits and cached rates")
+    parser.add_argument("--run", type=options.output_folder, default="runs/study",
+                        help="folder for the collected logits and cached rates")
     parser.add_argument("--positions", type=options.count(1), default=1024, help="answer positions per task")
     parser.add_argument("--max-new-tokens", type=options.count(1), default=128)
     options.add_dtype(parser)
@@ -21,7 +22,7 @@ def add_parser(sub) -> None:
     parser.add_argument("--sweep-positions", type=options.count(1), default=48, help="positions per task in the sweeps")
     parser.add_argument("--table-positions", type=options.count(1), default=None,
                         help="positions per task in the table (default: all collected)")
-    parser.add_argument("--out", default="runs/study")
+    parser.add_argument("--out", type=options.output_folder, default="runs/study")
     parser.set_defaults(fn=run)
 
 

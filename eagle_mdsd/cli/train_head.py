@@ -75,7 +75,7 @@ def _train_options(parser) -> None:
 
 
 def _export_options(parser, evaluate: bool = False) -> None:
-    parser.add_argument("--export-to", default=None,
+    parser.add_argument("--export-to", type=None if evaluate else options.output_folder, default=None,
                         help=f"{'the exported head to evaluate' if evaluate else 'export folder'} (default RUN/head)")
     if not evaluate:
         parser.add_argument("--eagle1-format", action="store_true",
@@ -86,7 +86,8 @@ def add_parser(sub) -> None:
     parser = sub.add_parser("train-head", help="train an EAGLE-1 or EAGLE-3 head: data, train and export (resumable)")
     stages = parser.add_subparsers(dest="stage", required=True, metavar="STAGE")
     run = argparse.ArgumentParser(add_help=False)  # every stage's
-    run.add_argument("--run", default="runs/smollm2-head", help="folder for shards, checkpoint and exports")
+    run.add_argument("--run", type=options.output_folder, default="runs/smollm2-head",
+                     help="folder for shards, checkpoint and exports")
     target = options.model()  # the stages that run the target; train and export read its config alone
     prompts = stages.add_parser("prompts", parents=[run, target], help="the target writes its own training prompts")
     _prompts_options(prompts)
