@@ -30,6 +30,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from . import jsonl, models, prompts
+from .errors import UsageError
 
 
 @dataclass(frozen=True)
@@ -119,7 +120,7 @@ def read_rows(answer_file: Path) -> list[dict]:
     for (number, _), row in zip(numbered, rows):
         fault = _answer_fault(row)
         if fault:
-            raise ValueError(f"answer file {answer_file}, line {number} is not an answer record ({fault}): "
+            raise UsageError(f"answer file {answer_file}, line {number} is not an answer record ({fault}): "
                              f"delete that line, and `eagle-mdsd bench` answers its question again")
     return rows
 

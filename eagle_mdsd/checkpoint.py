@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from .errors import MissingFile
 from .models import hub_offline
 
 
@@ -39,10 +40,10 @@ def head_folder(spec: str) -> Path:
                                           local_files_only=offline))
         except Exception as error:  # no network, no such repository, ...: the hub's own message runs to lines
             why = "the hub is out of reach and its cache has no copy" if offline else type(error).__name__
-            raise FileNotFoundError(f"draft head {spec} is no folder here and the hub did not give it "
+            raise MissingFile(f"draft head {spec} is no folder here and the hub did not give it "
                                     f"({why}): give a folder with config.json and weights, or a "
                                     f"hub id with network") from None
-    raise FileNotFoundError(f"draft head {spec} does not exist: give a folder with config.json and weights")
+    raise MissingFile(f"draft head {spec} does not exist: give a folder with config.json and weights")
 
 
 def read_weights(folder: Path) -> dict:
@@ -53,7 +54,7 @@ def read_weights(folder: Path) -> dict:
         return load_file(folder / "model.safetensors")
     if (folder / "pytorch_model.bin").exists():
         return torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
-    raise FileNotFoundError(f"draft head {folder} has neither model.safetensors nor pytorch_model.bin")
+    raise MissingFile(f"draft head {folder} has neither model.safetensors nor pytorch_model.bin")
 
 
 def write_weights(state: dict, folder: Path, safetensors: bool) -> None:

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from .checkpoint import head_config_for, write_weights
+from .errors import UsageError
 from .models import cache_keyword
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
@@ -136,19 +137,19 @@ def load(raw: dict, state: dict, target, source: str) -> Eagle3Head:
     """An EAGLE-3 head for `target` from its config and weights; one-line errors name what does not fit."""
     for field in ("hidden_size", "vocab_size", "num_attention_heads", "intermediate_size"):
         if raw.get(field) is None:
-            raise ValueError(f"draft head {source} is not an EAGLE-3 checkpoint: config.json has no {field}")
+            raise UsageError(f"draft head {source} is not an EAGLE-3 checkpoint: config.json has no {field}")
     config = config_for(raw)
     target_hidden = int(raw.get("target_hidden_size") or config.hidden_size)
     if target_hidden != target.config.hidden_size:
-        raise ValueError(f"draft head {source} is an EAGLE-3 head for another base model: its target hidden size "
+        raise UsageError(f"draft head {source} is an EAGLE-3 head for another base model: its target hidden size "
                          f"is {target_hidden}, the base model's hidden_size is {target.config.hidden_size}; use a "
                          f"head trained for this base model")
     if config.vocab_size != target.config.vocab_size:
-        raise ValueError(f"draft head {source} does not fit the base model: vocab_size is {config.vocab_size} in "
+        raise UsageError(f"draft head {source} does not fit the base model: vocab_size is {config.vocab_size} in "
                          f"the head but {target.config.vocab_size} in the base model")
     embedding = target.get_input_embeddings().weight.shape[1]
     if embedding != config.hidden_size:
-        raise ValueError(f"draft head {source} does not fit the base model: hidden_size is {config.hidden_size}, "
+        raise UsageError(f"draft head {source} does not fit the base model: hidden_size is {config.hidden_size}, "
                          f"the base model's embeddings are {embedding} wide")
     # in the target's dtype before the weights arrive: they are not rounded through float32 on the way
     head = Eagle3Head(config, target_hidden, target.config.num_hidden_layers).to(dtype=target.dtype)
@@ -160,16 +161,16 @@ def load(raw: dict, state: dict, target, source: str) -> Eagle3Head:
     expected = head.state_dict()
     for key, value in state.items():
         if key in expected and tuple(value.shape) != tuple(expected[key].shape):
-            raise ValueError(f"draft head {source} does not fit its config: {key} is {tuple(value.shape)}, "
+            raise UsageError(f"draft head {source} does not fit its config: {key} is {tuple(value.shape)}, "
                              f"the config makes it {tuple(expected[key].shape)}")
     missing, unexpected = head.load_state_dict(state, strict=False)
     missing = [k for k in missing if "rotary_emb" not in k]
     if missing or unexpected:
-        raise ValueError(f"draft head {source} is not an EAGLE-3 checkpoint: missing {missing[:3]}, "
+        raise UsageError(f"draft head {source} is not an EAGLE-3 checkpoint: missing {missing[:3]}, "
                          f"unexpected {unexpected[:3]}")
     ids = head.target_ids()
     if int(ids.min()) < 0 or int(ids.max()) >= config.vocab_size or len(set(ids.tolist())) != len(ids):
-        raise ValueError(f"draft head {source}: its d2t map sends draft ids outside the vocabulary of "
+        raise UsageError(f"draft head {source}: its d2t map sends draft ids outside the vocabulary of "
                          f"{config.vocab_size} or two to one token")
     return head.to(dtype=target.dtype, device=target.device).eval()
 

@@ -39,7 +39,6 @@ from . import cycle, drafters, drafting, graphs, kernels, models, verification
 from .cache import KVCache
 from .errors import UsageError
 from . import tree as trees
-from .tree import Tree
 
 
 def check_temperature(temperature: float, name: str = "temperature") -> None:

@@ -29,6 +29,7 @@ from torch import nn
 
 from . import eagle3
 from .checkpoint import head_config_for, head_folder, read_weights, write_weights
+from .errors import MissingFile, UsageError, read_json
 from .models import cache_keyword
 
 DRAFT_VOCAB_FILE = "draft_vocab.json"
@@ -79,7 +80,7 @@ def _check_fits_target(config, target_config, source: str) -> None:
     for field in ("hidden_size", "vocab_size"):
         head_value, target_value = getattr(config, field, None), getattr(target_config, field, None)
         if head_value != target_value:
-            raise ValueError(f"draft head {source} does not fit the base model: {field} is {head_value} in the "
+            raise UsageError(f"draft head {source} does not fit the base model: {field} is {head_value} in the "
                              f"head but {target_value} in the base model; use a head trained for this base model")
 
 
@@ -91,33 +92,33 @@ def load_head(spec: str, target):
     folder = head_folder(str(spec))
     config_file = folder / "config.json"
     if not config_file.exists():
-        raise FileNotFoundError(f"draft head {spec} has no config.json")
-    raw = json.loads(config_file.read_text())
+        raise MissingFile(f"draft head {spec} has no config.json")
+    raw = read_json(config_file, "draft head config")
     if eagle3.is_eagle3(raw):
         return eagle3.load(raw, read_weights(folder), target, str(spec))
     bias = bool(raw.pop("bias", True))
     config = LlamaConfig(**{k: v for k, v in raw.items() if k not in ("architectures",)})
     _check_fits_target(config, target.config, str(spec))
     if config.num_hidden_layers < 1:
-        raise ValueError(f"draft head {spec}: num_hidden_layers is {config.num_hidden_layers}; a head needs at "
+        raise UsageError(f"draft head {spec}: num_hidden_layers is {config.num_hidden_layers}; a head needs at "
                          f"least one decoder layer (EAGLE-1 heads have 1)")
     state = read_weights(folder)
     embed = state.pop("embed_tokens.weight", None)
     if embed is not None and tuple(embed.shape) != tuple(target.get_input_embeddings().weight.shape):
-        raise ValueError(f"draft head {spec} does not fit the base model: embed_tokens.weight is "
+        raise UsageError(f"draft head {spec} does not fit the base model: embed_tokens.weight is "
                          f"{tuple(embed.shape)}, the base model's embedding is "
                          f"{tuple(target.get_input_embeddings().weight.shape)}")
     head = EagleHead(config, bias=bias)
     missing, unexpected = head.load_state_dict(state, strict=False)
     missing = [k for k in missing if "rotary_emb" not in k]
     if missing or unexpected:
-        raise ValueError(f"draft head {spec} is neither an EAGLE-1 checkpoint nor an EAGLE-3 one: missing "
+        raise UsageError(f"draft head {spec} is neither an EAGLE-1 checkpoint nor an EAGLE-3 one: missing "
                          f"{missing[:3]}, unexpected {unexpected[:3]}")
     ranked = folder / DRAFT_VOCAB_FILE
     if ranked.exists():
-        token_ids = json.loads(ranked.read_text())["token_ids"]
+        token_ids = read_json(ranked, "draft head vocabulary")["token_ids"]
         if not token_ids or max(token_ids) >= config.vocab_size or min(token_ids) < 0:
-            raise ValueError(f"draft head {spec}: {DRAFT_VOCAB_FILE} has token ids outside the vocabulary "
+            raise UsageError(f"draft head {spec}: {DRAFT_VOCAB_FILE} has token ids outside the vocabulary "
                              f"of {config.vocab_size}; regenerate it with `eagle-mdsd train-head export`")
         head.draft_vocab = token_ids
     return head.to(dtype=target.dtype, device=target.device).eval()

@@ -9,13 +9,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .errors import UsageError, read_text
+
 
 def lines(path: Path) -> list[tuple[int, str]]:
     """(line number, text) of the file's finished, non-blank lines; none if it does not exist."""
     path = Path(path)
     if not path.exists():
         return []
-    finished = path.read_text().split("\n")[:-1]  # the last piece is "" or a line cut short
+    finished = read_text(path, "file").split("\n")[:-1]  # the last piece is "" or a line cut short
     return [(number, line) for number, line in enumerate(finished, 1) if line.strip()]
 
 
@@ -27,7 +29,7 @@ def decode(numbered_lines, name: str, advice: str) -> list:
         try:
             values.append(json.loads(line))
         except json.JSONDecodeError as error:
-            raise ValueError(f"{name}, line {number} is not JSON ({error.msg} at column {error.colno}): "
+            raise UsageError(f"{name}, line {number} is not JSON ({error.msg} at column {error.colno}): "
                              f"{advice}") from None
     return values
 

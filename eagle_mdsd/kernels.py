@@ -39,6 +39,8 @@ import torch
 import torch.nn.functional as F
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from .errors import UsageError
+
 CHOICES = ("auto", "packed", "stock")
 
 
@@ -150,9 +152,9 @@ def _register_gqa_sdpa() -> None:
 def resolve(choice: str, weight: torch.Tensor) -> bool:
     """--kernels auto|packed|stock -> whether to pack; 'packed' where it cannot run is an error."""
     if choice not in CHOICES:
-        raise ValueError(f"unknown kernels {choice!r}: use one of {', '.join(CHOICES)}")
+        raise UsageError(f"unknown kernels {choice!r}: use one of {', '.join(CHOICES)}")
     if choice == "packed" and not available(weight):
-        raise ValueError(f"--kernels packed needs bf16 weights on a CPU with oneDNN bf16 support (got "
+        raise UsageError(f"--kernels packed needs bf16 weights on a CPU with oneDNN bf16 support (got "
                          f"{weight.dtype} on {weight.device.type}): use --dtype bfloat16 --device cpu, "
                          f"or --kernels auto")
     return choice != "stock" and available(weight)

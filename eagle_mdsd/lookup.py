@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import drafting
+from .errors import UsageError
 from .tree import Tree
 
 SUFFIX = "+lookup"
@@ -90,7 +90,7 @@ def split(spec: str) -> tuple[str, int | None]:
         return spec, None
     tokens = int(count) if count.isdigit() else DEFAULT_TOKENS if not count else 0
     if not base or tokens < 1:
-        raise ValueError(f"tree {spec!r}: write TREE{SUFFIX} or TREE{SUFFIX}N with N >= 1 lookup tokens, "
+        raise UsageError(f"tree {spec!r}: write TREE{SUFFIX} or TREE{SUFFIX}N with N >= 1 lookup tokens, "
                          f"e.g. eagle_default{SUFFIX}10")
     return base, tokens
 

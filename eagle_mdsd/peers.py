@@ -18,6 +18,7 @@ import torch
 from transformers import GenerationConfig
 
 from .engine import GenerationResult, check_temperature
+from .errors import UsageError
 
 METHODS = ("hf_generate", "prompt_lookup")
 
@@ -44,7 +45,7 @@ class TransformersPeer:
     def generate(self, prompt_ids, max_new_tokens: int = 128, temperature: float = 0.0, seed: int = 0,
                  method: str = "hf_generate", profile: bool = False) -> GenerationResult:
         if method not in METHODS:
-            raise ValueError(f"unknown peer method {method!r}: use one of {', '.join(METHODS)}")
+            raise UsageError(f"unknown peer method {method!r}: use one of {', '.join(METHODS)}")
         check_temperature(temperature)
         device = self.target.get_input_embeddings().weight.device
         prompt = torch.as_tensor(prompt_ids, dtype=torch.long, device=device).reshape(1, -1)

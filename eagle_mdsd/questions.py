@@ -7,6 +7,8 @@ import json
 from collections import Counter
 from pathlib import Path
 
+from .errors import MissingFile, UsageError, read_text
+
 QUESTION_FILE = Path(__file__).resolve().parent / "data" / "spec_bench" / "question.jsonl"
 MT_BENCH_IDS = range(81, 161)
 
@@ -15,10 +17,10 @@ def _turns(record, where: str) -> list[str]:
     """A question record's user turns: its 'turns' (a list of texts) or its one 'prompt'; a one-line error else."""
     example = 'write one question a line as {"turns": ["first turn", ...]} or {"prompt": "..."}'
     if not isinstance(record, dict) or ("turns" not in record and "prompt" not in record):
-        raise ValueError(f"{where} has neither 'turns' nor 'prompt': {example}")
+        raise UsageError(f"{where} has neither 'turns' nor 'prompt': {example}")
     turns = record["turns"] if "turns" in record else [record["prompt"]]
     if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t.strip() for t in turns):
-        raise ValueError(f"{where}: 'turns' must be a non-empty list of texts and 'prompt' a text, got "
+        raise UsageError(f"{where}: 'turns' must be a non-empty list of texts and 'prompt' a text, got "
                          f"{json.dumps(record.get('turns', record.get('prompt')))[:60]}: {example}")
     return turns
 
@@ -29,19 +31,19 @@ def from_file(path: Path) -> list[dict]:
     where they carry no id, in the category named after the file where they name none."""
     path = Path(path)
     chosen = []
-    for number, line in enumerate(path.read_text().splitlines()):
+    for number, line in enumerate(read_text(path, "question file").splitlines()):
         if not line.strip():
             continue
         try:
             record = json.loads(line)
         except json.JSONDecodeError as error:
-            raise ValueError(f"{path} line {number + 1} is not JSON ({error.msg}): write one JSON object a line")
+            raise UsageError(f"{path} line {number + 1} is not JSON ({error.msg}): write one JSON object a line")
         turns = _turns(record, f"{path} line {number + 1}")
         chosen.append({"question_id": record.get("question_id", number), "category": record.get("category", path.stem),
                        "turns": turns})
     twice = [i for i, count in Counter(q["question_id"] for q in chosen).items() if count > 1]
     if twice:
-        raise ValueError(f"question_id {twice[0]} appears twice in {path}: answer files resume by id, so give every "
+        raise UsageError(f"question_id {twice[0]} appears twice in {path}: answer files resume by id, so give every "
                          f"question its own (lines without one are numbered by line from 0)")
     return chosen
 
@@ -50,10 +52,10 @@ def load(bench: str = "mt_bench", path: Path = QUESTION_FILE) -> list[dict]:
     """Questions of `bench`: mt_bench, spec_bench (all 480), one category name, or a .jsonl file (`from_file`)."""
     if bench.endswith(".jsonl"):
         if not Path(bench).is_file():
-            raise FileNotFoundError(f"question file {bench} does not exist: give a JSONL file of questions")
+            raise MissingFile(f"question file {bench} does not exist: give a JSONL file of questions")
         return from_file(Path(bench))
     if not Path(path).exists():
-        raise FileNotFoundError(f"question file {path} does not exist")
+        raise MissingFile(f"question file {path} does not exist")
     questions = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
     if bench == "spec_bench":
         return questions
@@ -62,7 +64,7 @@ def load(bench: str = "mt_bench", path: Path = QUESTION_FILE) -> list[dict]:
     chosen = [q for q in questions if q["category"] == bench]
     if not chosen:
         categories = sorted({q["category"] for q in questions})
-        raise ValueError(f"unknown bench {bench!r}: use mt_bench, spec_bench, a .jsonl question file or one of "
+        raise UsageError(f"unknown bench {bench!r}: use mt_bench, spec_bench, a .jsonl question file or one of "
                          f"{', '.join(categories)}")
     return chosen
 
@@ -72,6 +74,6 @@ def select(bench: str, begin: int | None = None, end: int | None = None, path: P
     every = load(bench, path)
     chosen = every[begin:end]
     if not chosen:
-        raise ValueError(f"--question-begin {begin} --question-end {end} selects none of the {len(every)} questions "
+        raise UsageError(f"--question-begin {begin} --question-end {end} selects none of the {len(every)} questions "
                          f"of {bench}: give 0 <= begin < end <= {len(every)}")
     return chosen

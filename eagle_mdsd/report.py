@@ -17,6 +17,7 @@ import statistics
 from pathlib import Path
 
 from . import bench
+from .errors import UsageError
 
 PHASES = ("draft", "target", "verify", "commit")
 MAX_DEPTH = 8  # columns of the acceptance-by-depth table
@@ -104,15 +105,15 @@ def compare(answer_files: list[Path], baseline: Path | None = None, labels: list
     `paired`, each drafting file's tau per question against the first drafting file's (`paired_tau`); with
     `window`, each drafting file's tau by position in the answer (`tau_by_position`, all categories)."""
     if window is not None and window < 1:
-        raise ValueError(f"--window is {window}: pass a number of tokens of 1 or more")
+        raise UsageError(f"--window is {window}: pass a number of tokens of 1 or more")
     base_rows = {r["question_id"]: r for r in bench.read_rows(baseline)} if baseline else {}
     if baseline and not base_rows:
-        raise ValueError(f"baseline answer file {baseline} is missing or empty: run its benchmark first")
+        raise UsageError(f"baseline answer file {baseline} is missing or empty: run its benchmark first")
     entries, taus = [], []
     for i, path in enumerate(answer_files):
         rows = bench.read_rows(path)
         if not rows:
-            raise ValueError(f"answer file {path} is missing or empty: run `eagle-mdsd bench` to write it")
+            raise UsageError(f"answer file {path} is missing or empty: run `eagle-mdsd bench` to write it")
         categories = {}
         for name, group in _by_category(rows).items():
             totals = _totals(group)

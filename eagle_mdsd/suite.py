@@ -26,6 +26,7 @@ from tqdm import tqdm
 
 from . import bench, dynamic, engine, head, kernels, lookup, models, peers, questions, report, verification
 from .benchmarks import machine, machine_line
+from .errors import UsageError, read_json
 
 METHODS = ("eagle", "baseline") + peers.METHODS
 PEER = "hf_generate"  # the page gives every method's tokens/s over transformers generate's, the usual reference
@@ -46,7 +47,7 @@ def make_runner(method: str, target, tokenizer, draft_head=None, topology=None, 
     if method in peers.METHODS:
         return peers.TransformersPeer(target, eos)
     if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}: use one of {', '.join(METHODS)}")
+        raise UsageError(f"unknown method {method!r}: use one of {', '.join(METHODS)}")
     if method == "baseline":
         return engine.Decoder(target, eos_token_ids=eos, kernels_choice=kernels_choice, cuda_graphs=cuda_graphs)
     return engine.Decoder(target, draft_head, topology, drafter, verifier, eos_token_ids=eos, draft_vocab=draft_vocab,
@@ -70,7 +71,7 @@ def tree_and_pair(entry: str, drafter: str, verifier: str) -> tuple[str, str, st
         return spec, drafter, verifier
     own_drafter, slash, own_verifier = pair.partition("/")
     if not slash or not own_drafter or not own_verifier:
-        raise ValueError(f"tree {entry!r}: write a tree's own pair as TREE@DRAFTER/VERIFIER, "
+        raise UsageError(f"tree {entry!r}: write a tree's own pair as TREE@DRAFTER/VERIFIER, "
                          f"e.g. eagle2@greedy/greedy")
     return spec, own_drafter, own_verifier
 
@@ -81,7 +82,7 @@ def parse_sampling_pair(text: str, drafter: str, verifier: str) -> tuple[str, st
         return drafter, verifier
     sampled_drafter, slash, sampled_verifier = text.partition("/")
     if not slash or not sampled_drafter or not sampled_verifier:
-        raise ValueError(f"--sampling-pair {text!r}: write DRAFTER/VERIFIER, e.g. {SAMPLING_PAIR}, or 'same'")
+        raise UsageError(f"--sampling-pair {text!r}: write DRAFTER/VERIFIER, e.g. {SAMPLING_PAIR}, or 'same'")
     verification.check_pair(sampled_drafter, sampled_verifier)
     return sampled_drafter, sampled_verifier
 
@@ -108,7 +109,7 @@ def benchmark_setups(trees, drafter: str, verifier: str, sampled: tuple[str, str
             if sampling_tree != "same":
                 sampled_topology = dynamic.load(sampling_tree)
                 if not sampled_topology.static or sampled_topology.grafted:
-                    raise ValueError(f"--sampling-tree {sampling_tree}: give a static tree (a name, chainN or a "
+                    raise UsageError(f"--sampling-tree {sampling_tree}: give a static tree (a name, chainN or a "
                                      f"file), or 'same'")
                 if grafted:  # TREE+lookupN samples on SAMPLING_TREE+lookupN
                     sampled_topology = lookup.LookupTree(sampled_topology, grafted)
@@ -173,14 +174,14 @@ def check_settings(folder: Path, settings: dict) -> None:
     """Record how folder's answers are made (settings.json), or refuse to resume answers made otherwise."""
     record = Path(folder) / "settings.json"
     if record.exists():
-        made = json.loads(record.read_text())
+        made = read_json(record, "settings file")
         changed = [f"{key} {made.get(key)} -> {value}" for key, value in settings.items() if made.get(key) != value]
         if changed:
-            raise ValueError(f"{folder} holds answers made with other settings ({'; '.join(changed)}): pass "
+            raise UsageError(f"{folder} holds answers made with other settings ({'; '.join(changed)}): pass "
                              f"another --name, or delete the folder to start over")
         return
     if any(Path(folder).glob("*.jsonl")):
-        raise ValueError(f"{folder} holds answers without a settings.json, made with unknown settings: pass "
+        raise UsageError(f"{folder} holds answers without a settings.json, made with unknown settings: pass "
                          f"another --name, or delete the folder to start over")
     _write_settings(folder, settings)
 
@@ -202,13 +203,13 @@ def timing_machine(folder: Path, answer_files, chosen: list[dict], device: str =
     wanted = {q["question_id"] for q in chosen}
     finished = all(wanted <= bench.finished_ids(Path(f)) for f in answer_files)
     record = Path(folder) / "settings.json"
-    settings = json.loads(record.read_text()) if record.exists() else {}
+    settings = read_json(record, "settings file") if record.exists() else {}
     here, made = machine(device), settings.get("machine")
     if made is None:
         settings["machine"] = made = here
         _write_settings(folder, settings)
     elif (made["cpu"], made.get("gpu")) != (here["cpu"], here.get("gpu")) and not finished:
-        raise ValueError(f"{folder} holds answers timed on {machine_line(made)} and this machine is "
+        raise UsageError(f"{folder} holds answers timed on {machine_line(made)} and this machine is "
                          f"{machine_line(here)}: finish them there, or pass another --name")
     return made
 
@@ -247,7 +248,7 @@ class BenchmarkPlan:
     def __post_init__(self):
         for method in self.methods:
             if method not in METHODS:
-                raise ValueError(f"unknown method {method!r}: use one of {', '.join(METHODS)}")
+                raise UsageError(f"unknown method {method!r}: use one of {', '.join(METHODS)}")
 
 
 def run_benchmark(out: Path, answers: Path, plan: BenchmarkPlan = BenchmarkPlan(), process: tuple[int, int] = (0, 1),
@@ -426,7 +427,7 @@ def sweep(out: Path, answers: Path, plan: SweepPlan = SweepPlan()) -> Path:
                     continue  # e.g. spechub needs two children at every node; dynamic trees take topk only
                 cells.append((t, tree_name, drafter, verifier))
     if not cells:
-        raise ValueError(f"no pair of --pairs fits any tree of --trees ({', '.join(topologies)}): e.g. spechub needs "
+        raise UsageError(f"no pair of --pairs fits any tree of --trees ({', '.join(topologies)}): e.g. spechub needs "
                          f"two children at every node, opt_tree topk drafts")
     chosen = spread(questions.load(plan.bench_name), plan.count)
     target, tokenizer = models.load_target(None, models.parse_dtype(plan.dtype), plan.device)

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from . import drafting
-from .errors import UsageError
+from .errors import MissingFile, UsageError, read_text
 
 SHIPPED_TREES = Path(__file__).resolve().parent / "data" / "trees"
 USER_TREES = Path("tree_configs")  # under the working directory: where `eagle-mdsd sequoia` writes
@@ -74,24 +74,24 @@ class Tree:
 def compile_tree(paths, name: str = "custom") -> Tree:
     """Validate a list of paths and build the tree; every problem is a one-line ValueError."""
     if not isinstance(paths, (list, tuple)) or not paths:
-        raise ValueError(f"tree {name!r}: expected a non-empty list of paths such as [[0], [1], [0, 0]]")
+        raise UsageError(f"tree {name!r}: expected a non-empty list of paths such as [[0], [1], [0, 0]]")
     if len(paths) > MAX_NODES:
-        raise ValueError(f"tree {name!r} has {len(paths)} nodes: at most {MAX_NODES} are supported")
+        raise UsageError(f"tree {name!r} has {len(paths)} nodes: at most {MAX_NODES} are supported")
     clean = []
     for path in paths:
         if (not isinstance(path, (list, tuple)) or not path
                 or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in path)):
-            raise ValueError(f"tree {name!r}: path {path!r} must be a non-empty list of non-negative integers")
+            raise UsageError(f"tree {name!r}: path {path!r} must be a non-empty list of non-negative integers")
         clean.append(tuple(path))
     known = set(clean)
     if len(known) != len(clean):
         duplicate = next(p for p in clean if clean.count(p) > 1)
-        raise ValueError(f"tree {name!r}: path {list(duplicate)} appears twice")
+        raise UsageError(f"tree {name!r}: path {list(duplicate)} appears twice")
     for path in clean:
         if len(path) > 1 and path[:-1] not in known:
-            raise ValueError(f"tree {name!r}: path {list(path)} has no parent {list(path[:-1])}: add it")
+            raise UsageError(f"tree {name!r}: path {list(path)} has no parent {list(path[:-1])}: add it")
         if path[-1] > 0 and path[:-1] + (path[-1] - 1,) not in known:
-            raise ValueError(f"tree {name!r}: path {list(path)} has no earlier sibling "
+            raise UsageError(f"tree {name!r}: path {list(path)} has no earlier sibling "
                              f"{list(path[:-1] + (path[-1] - 1,))}: sibling indices must be 0..k-1")
     ordered = sorted(clean, key=lambda p: (len(p), p))
     index = {(): 0} | {p: i + 1 for i, p in enumerate(ordered)}
@@ -138,13 +138,13 @@ def load(spec: str) -> Tree:
         if path is None and spec.startswith("chain") and spec[5:].isdigit():
             return chain(int(spec[5:]))
         if path is None:
-            raise ValueError(f"unknown tree {spec!r}: use one of {', '.join(names())}, chainN, or a .json file")
+            raise UsageError(f"unknown tree {spec!r}: use one of {', '.join(names())}, chainN, or a .json file")
     elif not path.exists():
-        raise FileNotFoundError(f"tree file {spec} does not exist")
+        raise MissingFile(f"tree file {spec} does not exist")
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_text(path, "tree file"))
     except json.JSONDecodeError as error:
-        raise ValueError(f"tree file {spec} is not valid JSON: {error.msg} at line {error.lineno}") from None
+        raise UsageError(f"tree file {spec} is not valid JSON: {error.msg} at line {error.lineno}") from None
     paths = data.get("paths") if isinstance(data, dict) else data
     return compile_tree(paths, path.stem)
 

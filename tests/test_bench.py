@@ -349,7 +349,7 @@ def test_question_and_turn_counts_are_checked_before_anything_runs(argv, capsys)
 def test_an_answer_file_that_is_a_folder_is_refused_before_the_model_loads(tmp_path, monkeypatch, capsys):
     from eagle_mdsd import cli
 
-    monkeypatch.setattr(cli, "_runner", lambda *args: pytest.fail("the model loaded"))
+    monkeypatch.setattr(models, "load_target", lambda *args: pytest.fail("the model loaded"))
     assert cli.main(["bench", "--question-end", "1", "--answer-file", str(tmp_path)]) == 2
     assert f"--answer-file {tmp_path} is a folder" in capsys.readouterr().err
 

@@ -183,8 +183,9 @@ def test_train_head_passes_the_format_to_training_and_only_the_train_stage_reads
         args = cli.build_parser().parse_args(["train-head", "train", "--run", str(tmp_path)] + argv)
         args.fn(args)
         assert seen["recipe"].format == expected
-    assert cli.main(["train-head", "export", "--run", str(tmp_path), "--format", "eagle3"]) == 2
-    assert "--format (train) does nothing in train-head export" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:  # the export stage's parser has no --format
+        cli.main(["train-head", "export", "--run", str(tmp_path), "--format", "eagle3"])
+    assert stop.value.code == 2 and "unrecognized arguments: --format eagle3" in capsys.readouterr().err
 
 
 def test_a_schedule_in_minutes_ends_the_decay_and_the_run(tmp_path):

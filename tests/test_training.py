@@ -155,9 +155,9 @@ def test_train_head_takes_a_draft_vocabulary_size_or_full(capsys):
     from eagle_mdsd import cli
 
     parse = cli.build_parser().parse_args
-    assert parse(["train-head", "train", "--draft-vocab", "8192"]).train_draft_vocab == 8192
-    assert parse(["train-head", "train", "--draft-vocab", "full"]).train_draft_vocab is None
-    assert parse(["train-head", "train"]).train_draft_vocab is None  # the default: as heads 1-7 were trained
+    assert parse(["train-head", "train", "--draft-vocab", "8192"]).draft_vocab == 8192
+    assert parse(["train-head", "train", "--draft-vocab", "full"]).draft_vocab is None
+    assert parse(["train-head", "train"]).draft_vocab is None  # the default: as heads 1-7 were trained
     with pytest.raises(SystemExit):
         parse(["train-head", "train", "--draft-vocab", "auto"])
     assert "expected a number of tokens or 'full', got 'auto'" in capsys.readouterr().err
@@ -184,21 +184,23 @@ def test_train_head_refuses_options_its_stage_does_not_read(monkeypatch, tmp_pat
     run = ["--run", str(tmp_path)]
     for stage in ("self_prompts", "make_data", "train", "export"):
         monkeypatch.setattr(training, stage, lambda *args, **kwargs: pytest.fail("a stage ran"))
-    for argv, message in ((["data", "--epochs", "3"], "--epochs (train) does nothing in train-head data: drop it"),
+    for argv, message in ((["data", "--epochs", "3"], "unrecognized arguments: --epochs 3"),
                           (["prompts", "--unroll", "2", "--temperature", "1"],
-                           "--unroll (train), --temperature (data) do nothing in train-head prompts: drop them"),
-                          (["export", "--seed", "3"], "--seed (prompts / data / train) does nothing"),
-                          (["all", "--openers", "x"], "--openers (prompts) does nothing in train-head all")):
-        assert cli.main(["train-head", *argv, *run]) == 2  # they were parsed and ignored
-        assert message in capsys.readouterr().err
+                           "unrecognized arguments: --unroll 2 --temperature 1"),
+                          (["export", "--seed", "3"], "unrecognized arguments: --seed 3"),
+                          (["all", "--openers", "x"], "unrecognized arguments: --openers x")):
+        with pytest.raises(SystemExit) as stop:  # each stage's parser has only the options it reads
+            cli.main(["train-head", *argv, *run])
+        assert stop.value.code == 2 and message in capsys.readouterr().err
     seen = {}
     monkeypatch.setattr(training, "make_data", lambda run, prompts, recipe, *args: seen.update(recipe=recipe) or [])
     assert cli.main(["train-head", "data", "--seed", "7", "--max-prompts", "16", *run]) == 0
     assert seen["recipe"].seed == 7 and seen["recipe"].max_prompts == 16  # --seed chose nothing here before
     assert not seen["recipe"].sort_by_length
     assert cli.main(["train-head", "data", "--sort-by-length", *run]) == 0 and seen["recipe"].sort_by_length
-    assert cli.main(["train-head", "train", "--sort-by-length", *run]) == 2
-    assert "--sort-by-length (data) does nothing in train-head train" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["train-head", "train", "--sort-by-length", *run])
+    assert "unrecognized arguments: --sort-by-length" in capsys.readouterr().err
 
 
 def test_missing_prompt_file_is_a_clear_error(tmp_path):
@@ -665,23 +667,24 @@ def test_multi_step_training_from_a_trained_head(tmp_path):
                        **settings)
 
 
-@pytest.mark.parametrize("option, value, message", [
-    ("--lr", "-1", "must be a number above 0, got -1"),  # trained with the gradient's sign flipped
-    ("--epochs", "0", "must be a number above 0, got 0"),
-    ("--max-minutes", "nan", "must be a number above 0, got nan"),
-    ("--tokens-per-batch", "0", "must be at least 1, got 0"),
-    ("--batch-size", "0", "must be at least 1, got 0"),
-    ("--shard-size", "0", "must be at least 1, got 0"),
-    ("--count", "0", "must be at least 1, got 0"),
-    ("--max-prompts", "0", "must be at least 1, got 0"),
+@pytest.mark.parametrize("stage, option, value, message", [
+    ("train", "--lr", "-1", "must be a number above 0, got -1"),  # trained with the gradient's sign flipped
+    ("train", "--epochs", "0", "must be a number above 0, got 0"),
+    ("train", "--max-minutes", "nan", "must be a number above 0, got nan"),
+    ("train", "--tokens-per-batch", "0", "must be at least 1, got 0"),
+    ("data", "--batch-size", "0", "must be at least 1, got 0"),
+    ("prompts", "--batch-size", "0", "must be at least 1, got 0"),
+    ("data", "--shard-size", "0", "must be at least 1, got 0"),
+    ("prompts", "--count", "0", "must be at least 1, got 0"),
+    ("data", "--max-prompts", "0", "must be at least 1, got 0"),
 ])
-def test_train_head_numbers_out_of_range_are_refused_by_the_parser(option, value, message, capsys):
+def test_train_head_numbers_out_of_range_are_refused_by_the_parser(stage, option, value, message, capsys):
     from eagle_mdsd import cli
 
     with pytest.raises(SystemExit):
-        cli.build_parser().parse_args(["train-head", "train", option, value])
+        cli.build_parser().parse_args(["train-head", stage, option, value])
     assert f"argument {option}: {message}" in capsys.readouterr().err
-    assert cli.build_parser().parse_args(["train-head", "train", option, "3"])  # a number in range is taken
+    assert cli.build_parser().parse_args(["train-head", stage, option, "3"])  # a number in range is taken
 
 
 def _options(words: list[str]) -> dict[str, list[str]]:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from ..errors import MissingFile
 from .. import models
 from .data import _features, _right_padded, target_features
 
@@ -22,7 +23,7 @@ def data_shards(out_dir: Path, data_from=()) -> list[Path]:
         if not found and run == Path(out_dir) and data_from:
             continue  # a run may train on other runs' data only
         if not found:
-            raise FileNotFoundError(f"no data shards in {run / 'data'}: run the data stage there first")
+            raise MissingFile(f"no data shards in {run / 'data'}: run the data stage there first")
         shards += found
     return shards
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from ..errors import MissingFile
 from .. import eagle3, models, questions
 from .. import head as head_module
 from .batching import _collate
@@ -95,7 +96,7 @@ def _prompt_data(out_dir: Path) -> Path:
     for data in candidates:
         if (data / "prompts.json").exists():
             return data
-    raise FileNotFoundError(f"no data stage in {out_dir}: evaluate needs a run with data shards (or trained on one)")
+    raise MissingFile(f"no data stage in {out_dir}: evaluate needs a run with data shards (or trained on one)")
 
 
 def held_out_prompts(data: Path, count: int) -> list[str]:

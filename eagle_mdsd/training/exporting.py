@@ -8,7 +8,7 @@ import torch
 
 from .. import eagle3, models
 from .. import head as head_module
-from ..errors import UsageError
+from ..errors import MissingFile, UsageError
 from .batching import data_shards, rank_tokens
 
 
@@ -21,7 +21,7 @@ def export(out_dir: Path, destination: Path, base_model=None, compact: bool = Tr
     """
     checkpoint = Path(out_dir) / "checkpoint.pt"
     if not checkpoint.exists():
-        raise FileNotFoundError(f"no checkpoint.pt in {out_dir}: run `eagle-mdsd train-head train --run {out_dir}` "
+        raise MissingFile(f"no checkpoint.pt in {out_dir}: run `eagle-mdsd train-head train --run {out_dir}` "
                                 f"first")
     saved = torch.load(checkpoint, weights_only=False)
     target, _ = models.load_target(base_model, torch.float32)

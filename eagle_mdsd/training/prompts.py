@@ -17,7 +17,7 @@ import torch
 from tqdm import tqdm
 
 from .. import jsonl, models, questions
-from ..errors import UsageError
+from ..errors import MissingFile, UsageError
 
 # The shipped prompt set (GPTeacher and the Alpaca seed tasks, xz-compressed; their licences beside them).
 DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "data" / "prompts"
@@ -105,7 +105,7 @@ def load_prompts(paths) -> list[dict]:
     for p in paths:
         p = Path(p)
         if not p.exists():
-            raise FileNotFoundError(f"prompt file or folder {p} does not exist")
+            raise MissingFile(f"prompt file or folder {p} does not exist")
         files += sorted(p.glob("*.json*")) if p.is_dir() else [p]
     banned = benchmark_texts()
     prompts, seen = [], set()

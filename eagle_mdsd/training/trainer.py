@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from .. import eagle3, models
 from .. import head as head_module
-from ..errors import UsageError
+from ..errors import MissingFile, UsageError
 from .batching import FeatureTargets, _batches, _training_batch, data_shards, rank_tokens
 from .loss import TOKEN_LOSSES, draft_vocab_lm_head, head_loss
 
@@ -119,7 +119,7 @@ def _trained_weights(source: Path, target) -> dict:
     if (source / "config.json").exists():
         return {k: v.float() if v.is_floating_point() else v
                 for k, v in head_module.load_head(str(source), target).state_dict().items()}
-    raise FileNotFoundError(f"--init-from {source}: neither a run with checkpoint.pt nor a head folder "
+    raise MissingFile(f"--init-from {source}: neither a run with checkpoint.pt nor a head folder "
                             f"with config.json")
 
 

@@ -1,0 +1,56 @@
+"""`eagle-mdsd bench`: answer MT-Bench / Spec-Bench questions into an answer file, resumably."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..errors import UsageError
+from . import options, runners
+
+
+def add_parser(sub) -> None:
+    parser = runners.add_parser(sub, "bench", help="answer MT-Bench / Spec-Bench questions into an answer file "
+                                                   "(resumable)")
+    parser.add_argument("--bench", default="mt_bench",
+                        help="mt_bench, spec_bench, a category, or a .jsonl file of questions ('turns' or 'prompt' "
+                             "records)")
+    parser.add_argument("--question-begin", type=int, default=None)
+    parser.add_argument("--question-end", type=int, default=None)
+    parser.add_argument("--turns", type=options.count(0), default=None,
+                        help="answer only the first N turns (default or 0: all)")
+    parser.add_argument("--model-id", default=None, help="the answers' model_id (default: MODEL-METHOD)")
+    parser.add_argument("--answer-file", type=options.output_file, default=None,
+                        help="the .jsonl file answers are appended to (default runs/bench/BENCH/MODEL_ID.jsonl)")
+    parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    parser.set_defaults(fn=run)
+
+
+def run(args) -> None:
+    from accelerate import PartialState
+
+    from .. import bench, models, questions, report
+
+    chosen = questions.select(args.bench, args.question_begin, args.question_end)
+    # One process unless started by `accelerate launch` (GPUs) or `torchrun` (CPU processes, gloo).
+    state = PartialState(cpu=args.device == "cpu")
+    device = args.device
+    if state.num_processes > 1 and device == "cuda":
+        device = str(state.device)  # one GPU per process
+    model_id = args.model_id or f"{models.model_name(args.base_model)}-{args.method}"
+    answer_file = Path(args.answer_file or f"runs/bench/{args.bench}/{model_id}.jsonl")
+    if answer_file.is_dir():  # before the model loads
+        raise UsageError(f"--answer-file {answer_file} is a folder: give a .jsonl file in it (made if missing)")
+    runner, tokenizer = runners.build(args, device)
+    settings = bench.Settings(args.method, args.max_new_tokens, args.temperature, args.seed, args.profile,
+                              args.turns)
+    bench.run(runner, tokenizer, chosen, answer_file, model_id, settings, bench.fastchat_template(args.base_model),
+              process=(state.process_index, state.num_processes))
+    state.wait_for_everyone()
+    if not state.is_main_process:
+        return
+    bench.merge_shards(answer_file)
+    summary = report.summarise(answer_file)
+    print(json.dumps(summary["all"]) if args.json else
+          "\n".join(f"{name:16s} questions {s['questions']:3d}  tau {s['tau']:.2f}  {s['tokens_per_s']:.1f} tokens/s"
+                    for name, s in summary.items()))
