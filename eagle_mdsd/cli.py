@@ -577,7 +577,8 @@ def build_parser() -> argparse.ArgumentParser:
     greedy.add_argument("--questions", type=_count(1), default=5)
     greedy.add_argument("--max-new-tokens", type=_count(1), default=128)
     greedy.add_argument("--trees", nargs="+", default=list(checks.ALL_TREES),
-                        help="trees to check, and 'baseline' for the engine's plain decoding (default: all)")
+                        help="trees to check, 'baseline' for the engine's plain decoding and 'hf_compiled' for "
+                             "transformers' compiled generate (default: all)")
     greedy.add_argument("--dtypes", default="float32,bfloat16")
     greedy.add_argument("--ea-model", default="random", help="head folder, or 'random' (default)")
     greedy.add_argument("--device", default="cpu", help="cpu, or cuda, cuda:1, ... (the results file says which)")
@@ -653,7 +654,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--question-begin", type=int, default=None)
     run.add_argument("--question-end", type=int, default=None)
     run.add_argument("--method", default="eagle", choices=METHODS,
-                     help="eagle, baseline (autoregressive, same loop), hf_generate or prompt_lookup (transformers)")
+                     help="eagle, baseline (autoregressive, same loop), hf_generate, hf_compiled (static cache + "
+                          "torch.compile) or prompt_lookup (transformers)")
     run.add_argument("--base-model", default=None)
     run.add_argument("--ea-model", default=None)
     _add_tree_options(run)
