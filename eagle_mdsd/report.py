@@ -175,15 +175,17 @@ def compare(answer_files: list[Path], baseline: Path | None = None, labels: list
     return entries
 
 
-def markdown(entries: list[dict], over: str | None = None) -> str:
-    """The overall table, the per-category table and, for profiled files, the time per phase; where an entry is
-    labelled `over`, the overall table also gives every entry's tokens/s over that entry's ("x OVER")."""
+def markdown(entries: list[dict], over: str | tuple = ()) -> str:
+    """The overall table, the per-category table and, for profiled files, the time per phase; for each label in
+    `over` (one or several) that an entry carries, the overall table also gives every entry's tokens/s over that
+    entry's ("x OVER")."""
     with_speedup = all("speedup" in e["categories"]["all"] for e in entries)
-    peer = next((e["categories"]["all"]["tokens_per_s"] for e in entries if e["label"] == over), None)
+    speeds = {e["label"]: e["categories"]["all"]["tokens_per_s"] for e in entries}
+    peers = [label for label in ((over,) if isinstance(over, str) else over or ()) if label in speeds]
     lines = ["| method | questions | new tokens | tau | tokens/s | tokens/s, mean of questions |"
              + (" speedup | speedup, mean of questions |" if with_speedup else "")
-             + (f" x {over} |" if peer else ""),
-             "|---|---|---|---|---|---|" + ("---|---|" if with_speedup else "") + ("---|" if peer else "")]
+             + "".join(f" x {label} |" for label in peers),
+             "|---|---|---|---|---|---|" + ("---|---|" if with_speedup else "") + "---|" * len(peers)]
     for entry in entries:
         total = entry["categories"]["all"]
         mean_rate = total.get("mean_question_tokens_per_s", float("nan"))
@@ -191,7 +193,7 @@ def markdown(entries: list[dict], over: str | None = None) -> str:
                      f"{total['tokens_per_s']:.1f} | {mean_rate:.1f} |"
                      + (f" {total['speedup']:.2f}x | {total['mean_question_speedup']:.2f}x |" if with_speedup
                         else "")
-                     + (f" {total['tokens_per_s'] / peer:.2f}x |" if peer else ""))
+                     + "".join(f" {total['tokens_per_s'] / speeds[label]:.2f}x |" for label in peers))
     lines += ["", "tokens/s: total new tokens over total time (every turn's wall time, prefill included). tokens/s, "
               "mean of questions: the mean over questions of each question's tokens over its time, as Spec-Bench's "
               "and EAGLE's speed.py compute it; their speedup is the ratio of those means."]

@@ -30,7 +30,8 @@ from .benchmarks import machine, machine_line
 from .tree import Tree
 
 METHODS = ("eagle", "baseline") + peers.METHODS
-PEER = "hf_generate"  # the page gives every method's tokens/s over transformers generate's, the usual reference
+PEER = "hf_generate"  # the page gives every method's tokens/s over transformers generate's, the usual reference,
+PEERS = (PEER, peers.COMPILED)  # and over its compiled static-cache form's, the fast one
 # EAGLE's pair at T > 0: sampled drafts beat deterministic top-k ones there (measured: docs/benchmarks.md).
 SAMPLING_PAIR = "without_replacement/rrs_wo"
 # EAGLE's static tree at T > 0: where every tree row costs target compute, as on a CPU, a chain of two sampled
@@ -423,7 +424,8 @@ def benchmark_markdown(result: dict, stem: str) -> str:
     a 'command_note' on how it ran, added when a run is published), the machine and settings, and per temperature
     the report's tables with each method's speedup over `baseline` and over PEER, the chart and `comparisons`."""
     m = result["machine"]
-    with_peer = any(e["label"] == PEER for block in result["temperatures"].values() for e in block["entries"])
+    labels = {e["label"] for block in result["temperatures"].values() for e in block["entries"]}
+    with_peer, with_compiled = PEER in labels, peers.COMPILED in labels
     command = []
     if result.get("command"):
         note = f", {result['command_note']}" if result.get("command_note") else ""
@@ -442,10 +444,12 @@ def benchmark_markdown(result: dict, stem: str) -> str:
              f"on the same questions; "
              + (f"x {PEER} = tokens/s over `{PEER}`'s (transformers `generate`; at T > 0 its plain sampling) in the "
                 f"same run; " if with_peer else "")
+             + (f"x {peers.COMPILED} = the same over `{peers.COMPILED}`'s (`generate` with a static cache and "
+                f"torch.compile); " if with_compiled else "")
              + f"tau = new tokens / target forward passes after the prefill."
              f"{kernels_note(result)}{warmup_note(result)}", ""]
     for tag, block in result["temperatures"].items():
-        lines += [f"## Temperature {tag[1:]}", "", report.markdown(block["entries"], PEER),
+        lines += [f"## Temperature {tag[1:]}", "", report.markdown(block["entries"], PEERS),
                   f"![chart]({stem}_{tag}.png)", ""] + [f"- {line}" for line in
                                                          comparisons(block["entries"], float(tag[1:]))] + [""]
     return "\n".join(lines)

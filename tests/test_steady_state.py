@@ -109,3 +109,13 @@ def test_the_warm_up_question_is_outside_the_set_or_a_spare_one():
     every = questions.load("mt_bench")
     assert suite.warmup_question(every, every) is suite.SPARE_QUESTION
     assert suite.warmup_question(every, every[1:])["question_id"] == every[0]["question_id"]
+
+
+def test_the_benchmark_table_gives_every_rows_tokens_per_s_over_both_generates():
+    entries = [{"label": label, "categories": {"all": {"questions": 1, "new_tokens": 10, "tau": 1.0,
+                                                       "tokens_per_s": speed}}}
+               for label, speed in (("eagle", 60.0), ("hf_generate", 20.0), ("hf_compiled", 30.0))]
+    rows = report.markdown(entries, suite.PEERS).splitlines()
+    assert rows[0].endswith("| x hf_generate | x hf_compiled |")
+    assert rows[2].endswith("| 3.00x | 2.00x |") and rows[4].endswith("| 1.50x | 1.00x |")
+    assert "x hf_compiled" not in report.markdown(entries[:2], suite.PEERS)  # a run without it: no column
