@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from transformers import CompileConfig
 
 from eagle_mdsd import peers
@@ -12,10 +13,23 @@ from tiny import tiny_target
 
 @pytest.fixture(scope="module")
 def compiled():
-    """A tiny target and its compiled peer, prepared once for 40 tokens (compiling takes most of this file's time)."""
-    target = tiny_target(vocab=16, hidden=32).float()
-    peer = peers.CompiledPeer(target, [], cache_tokens=40)
+    """A tiny target of the embedded tokenizer's vocabulary and its compiled peer, prepared once for 256 tokens
+    (compiling takes most of this file's time; transformers keeps that cache for every later peer of the model)."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from eagle_mdsd import models
+
+    tokenizer = AutoTokenizer.from_pretrained(models._embedded_folder())
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    target = LlamaForCausalLM(config).eval()
+    with torch.no_grad():  # far-apart logits: no near-ties for float32 rounding to flip
+        target.lm_head.weight.mul_(50)
+    target.generation_config.eos_token_id = None
+    peer = peers.CompiledPeer(target, [], cache_tokens=256)
     peer.prepare()
+    target.tokenizer_for_tests = tokenizer
     return target, peer
 
 
@@ -23,7 +37,7 @@ def test_hf_compiled_answers_greedy_identically_to_hf_generate_without_recompili
     from torch._dynamo.utils import counters
 
     target, peer = compiled
-    assert peer.compile_s > 0 and peer.prepared_tokens >= 40
+    assert peer.compile_s > 0 and peer.prepared_tokens >= 256
     assert getattr(target, "_compiled_call", None) is not None  # transformers took the compiled path on this CPU
     graphs = counters["stats"]["unique_graphs"]
     for prompt in ([1, 5, 2, 7, 3], [3, 4, 1, 2, 9, 9, 9, 1, 2, 6, 6]):  # two prompt lengths, one cache
@@ -35,7 +49,7 @@ def test_hf_compiled_answers_greedy_identically_to_hf_generate_without_recompili
     assert counters["stats"]["unique_graphs"] == graphs  # the preallocated cache served both lengths
     before = peer.compile_s
     sampled = peer.generate([1, 2, 3], 10, 1.0, seed=3)
-    assert 1 <= sampled.new_tokens <= 10 and all(0 <= t < 16 for t in sampled.token_ids)
+    assert 1 <= sampled.new_tokens <= 10 and all(0 <= t < target.config.vocab_size for t in sampled.token_ids)
     assert peer.compile_s == before  # sampling reuses the compiled forward (no preparing call)
 
 
@@ -43,8 +57,8 @@ def test_hf_compiled_prepares_before_the_clock_when_a_call_would_not_fit(compile
     target, peer = compiled
     prepared = []
     monkeypatch.setattr(peer, "prepare", lambda tokens=None: prepared.append(tokens) or 0.0)
-    peer.generate([1] * 30, 20, 0.0)  # 50 tokens: more than the 40 it holds
-    assert prepared == [50]
+    peer.generate([1] * 250, 20, 0.0)  # 270 tokens: more than the 256 it holds
+    assert prepared == [270]
 
 
 def test_hf_compiled_stops_at_eos_as_generate_does(compiled):
@@ -77,3 +91,16 @@ def test_hf_compiled_refuses_in_one_line_where_compilation_fails(monkeypatch):
 def test_the_other_peers_refuse_hf_compiled():
     with pytest.raises(ValueError, match="CompiledPeer"):
         peers.TransformersPeer(tiny_target(vocab=16).float(), []).generate([1, 2], 2, 0.0, method=peers.COMPILED)
+
+
+def test_check_greedy_has_a_row_for_hf_compiled(tmp_path, compiled, monkeypatch):
+    """check-greedy's `hf_compiled` row: the compiled peer's tokens against greedy `generate`'s, beside the engine's."""
+    from eagle_mdsd import checks, models
+
+    target, _ = compiled
+    monkeypatch.setattr(models, "load_target", lambda *args: (target, target.tokenizer_for_tests))
+    assert peers.COMPILED in checks.ALL_TREES
+    rows = checks.greedy_equivalence(tmp_path / "rows.jsonl", question_count=1, max_new_tokens=8,
+                                     trees=(checks.BASELINE, peers.COMPILED), dtypes=("float32",))
+    assert [(row["tree"], row["identical"]) for row in rows] == [("baseline", True), ("hf_compiled", True)]
+    assert "| float32 | hf_compiled | 1 | 1 | - |" in checks.summary_markdown(rows, 8, "random")
