@@ -74,8 +74,12 @@ bundle() {
   else
     echo "  run  command=\"CALL=B bash scripts/gpu_run.sh\"  timeout_s=540"
   fi
-  echo "  give_back  (or, with 4 minutes of device time left, first the head's training:" \
-    "run carry=[\".gpu/train_prompts.tar.xz\"] command=\"STAGES='data train' bash scripts/gpu_train_head.sh\")"
+  if [ -f .gpu/train_prompts.tar.xz ]; then
+    echo "  give_back  (or, with 4 minutes of device time left, first the head's training:" \
+      "run carry=[\".gpu/train_prompts.tar.xz\"] command=\"STAGES='data train' bash scripts/gpu_train_head.sh\")"
+  else
+    echo "  give_back  (the head's training would need the shared training prompts, absent here)"
+  fi
 }
 
 if [ "${1:-}" = bundle ]; then
