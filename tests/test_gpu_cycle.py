@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -26,9 +27,9 @@ def test_the_cycle_timing_writes_its_page_on_a_cpu(tmp_path):
                 *(f"| ours, {tree} cycle, T = {t} |" for tree in ("eagle_default", "chain2", "eagle2") for t in (0, 1))):
         assert row in page
     assert "Weight-read floor: " in page and "no GPU (device cpu)" in page
-    chain2 = next(line for line in page.splitlines() if line.startswith("| ours, chain2 cycle, T = 0 |"))
-    ms = float(chain2.split("|")[2])
-    assert chain2.endswith(f"| {1000 * 2.0 / ms:.0f} (tau 2.00) |")
+    rows = {line.split(" | ")[0][2:]: line for line in page.splitlines() if line.startswith("| ours, ")}
+    assert re.search(r"\| -?\d+ \(tau 2\.00\) \|$", rows["ours, chain2 cycle, T = 0"])  # the result's tau, T = 0
+    assert rows["ours, chain2 cycle, T = 1"].endswith("| - |")  # no tau of chain2 at T = 1 in that result
     assert "Projected tokens/s (a projection, not a measurement)" in page
 
 
