@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The embedded default's heads trained on GPU-scale data, in device-tool calls: the target writes its own prompts
 # and answers them on the GPU, an EAGLE-1 and an EAGLE-3 head train there, and the heads, the logs and the data's
-# token ids come back under $OUT.  .gpu/ (scripts/gpu_bundle.sh, carried in parts) brings the wheels and the
-# model.  STAGES (default "data train") splits the work into calls on one warm machine.
+# token ids come back under $OUT.  .gpu/ (`scripts/gpu_run.sh bundle`, carried in parts) brings the wheels and
+# the model.  STAGES (default "data train") splits the work into calls on one warm machine.
 #
 # data:
 #  0. PREVIOUS_DATA (optional): a data.tar.xz an earlier call brought back (its parts joined); its prompts and
@@ -28,7 +28,7 @@
 #     head3.tgz (the exported heads, packed as soon as each is written), and a data call's data.tar.xz.NN (or
 #     .gz.NN; the self-written prompts and every answer's token ids, in parts of 15 MiB, when they fit in four).
 #
-#     bash scripts/gpu_bundle.sh   # here: prints the device calls, this script in the last
+#     bash scripts/gpu_run.sh bundle   # here: prints the device calls, this script after calls A and B
 #
 # Every stage resumes in RUN (default /tmp/gpu-head), so a call cut short can be repeated on a warm machine.
 # DEVICE=cpu with BASE_MODEL (a model folder), TRAIN_PROMPTS (a prompt file or folder) and small counts runs it

@@ -16,7 +16,7 @@ def add_parser(sub) -> None:
     parser.add_argument("--questions", type=options.count(1), default=5)
     parser.add_argument("--max-new-tokens", type=options.count(1), default=128)
     parser.add_argument("--trees", nargs="+", default=list(checks.ALL_TREES),
-                        help="trees to check, and 'baseline' for the engine's plain decoding (default: all)")
+                        help="trees, 'baseline' (our plain decoding), 'hf_compiled' (compiled generate); default: all")
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--ea-model", default="random", help="head folder, or 'random' (default)")
     parser.add_argument("--device", default="cpu", help="cpu, or cuda, cuda:1, ... (the results file says which)")
