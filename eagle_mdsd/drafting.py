@@ -179,19 +179,18 @@ class WithReplacement(DraftScheme):
 
 class WithoutReplacement(DraftScheme):
     name = "without_replacement"
-    reference = "sequential draws without replacement, as torch.multinomial(replacement=False) (Jeon et al. 2024)"
+    reference = "draws without replacement, as torch.multinomial(replacement=False), by Gumbel top-k (Jeon et al. 2024)"
 
     def sample_batch(self, q, n, generator=None):
+        """Gumbel top-k: the n largest log q + Gumbel noise, in decreasing order, are an ordered sample without
+        replacement with the sequential scheme's probabilities (`probabilities`), in one draw per row.  Tokens of
+        no mass rank below every other, lowest id first: the fill convention."""
         self.check(n, q.shape[-1])
-        # Sequential: each draw from q without the tokens drawn so far (the
-        # fill convention once q has no mass left).
-        rest = q.clone()
-        drafts = torch.empty(q.shape[:-1] + (n,), dtype=torch.long, device=q.device)
-        for j in range(n):
-            drafts[..., j] = _sample(_normalise_or_fill(rest, lambda: _mask_of(drafts[..., :j], q.shape[-1])),
-                                     generator)
-            rest.scatter_(-1, drafts[..., j : j + 1], 0.0)
-        return drafts
+        uniform = torch.rand(q.shape, generator=generator, dtype=torch.float64, device=q.device)
+        noise = -torch.log(-torch.log(uniform.clamp_min(torch.finfo(torch.float64).tiny)))
+        index = torch.arange(q.shape[-1], device=q.device, dtype=torch.float64)
+        key = torch.where(q > 0, q.double().clamp_min(torch.finfo(torch.float64).tiny).log() + noise, -1e9 - index)
+        return torch.topk(key, n, dim=-1).indices
 
     def probabilities(self, q, drafts):
         prob = torch.ones(q.shape[:-1], dtype=q.dtype, device=q.device)
