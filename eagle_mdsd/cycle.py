@@ -23,8 +23,11 @@ whose stopping rule depends on the drafted scores.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+from . import drafting
 from .tree import Tree, layout
 
 
@@ -33,6 +36,65 @@ def supports(topology, scheme_name: str) -> bool:
     if scheme_name != "topk" or topology.grafted:
         return False
     return topology.static or topology.name == "eagle2"
+
+
+@dataclass(frozen=True)
+class SampledPlan:
+    """How a static tree's nodes get their output tokens at T > 0: per child count, the internal nodes with that
+    many children, the row of each one's q among the stacked q of the tree's internal nodes (level by level) and
+    its children; the leaves; each node's children padded [N+1, W] and which of them are real."""
+
+    groups: tuple  # (nodes [R], q rows [R], children [R, count]) per child count
+    leaves: torch.Tensor
+    children: torch.Tensor
+    real: torch.Tensor
+
+    @staticmethod
+    def of(tree: Tree, device) -> "SampledPlan":
+        internal = [node for depth in range(tree.max_depth) for node in tree.internal(depth)]
+        row = {node: i for i, node in enumerate(internal)}
+        groups = []
+        for count in sorted({len(tree.children[node]) for node in internal}):
+            nodes = [node for node in internal if len(tree.children[node]) == count]
+            groups.append((torch.tensor(nodes, device=device), torch.tensor([row[n] for n in nodes], device=device),
+                           torch.tensor([tree.children[n] for n in nodes], device=device)))
+        width = max(len(kids) for kids in tree.children)
+        padded = [list(kids) + [0] * (width - len(kids)) for kids in tree.children]
+        real = [[True] * len(kids) + [False] * (width - len(kids)) for kids in tree.children]
+        return SampledPlan(tuple(groups), torch.tensor([n for n, kids in enumerate(tree.children) if not kids],
+                                                       device=device),
+                           torch.tensor(padded, device=device), torch.tensor(real, device=device))
+
+
+def sampled_outputs(plan: SampledPlan, p, q_internal, tokens, verifier, full_q, generator) -> torch.Tensor:
+    """Every node's output token [N+1], each distributed as p at that node: the verifier's draw against the node's
+    drafts where it has children (one batched call per child count), a draw of p at a leaf.  Each node's draw is
+    independent of the others', so drawing all of them before the walk leaves the walk's distribution as it is.
+    full_q: q rows over the draft vocabulary -> over the whole vocabulary."""
+    outputs = torch.zeros(len(tokens), dtype=torch.long, device=tokens.device)
+    for nodes, rows, children in plan.groups:
+        drafts = tokens.index_select(0, children.reshape(-1)).view(children.shape)
+        drawn = verifier.sample_batch(p.index_select(0, nodes), full_q(q_internal.index_select(0, rows)), drafts,
+                                      generator)
+        outputs.index_copy_(0, nodes, drawn)
+    if len(plan.leaves):
+        outputs.index_copy_(0, plan.leaves, drafting.draw(p.index_select(0, plan.leaves), 1, generator)[:, 0])
+    return outputs
+
+
+def sampled_walk(plan: SampledPlan, outputs, tokens, levels: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(path [levels + 1], accepted [1]): from the root into the first child holding the node's output, while one
+    does; the path is padded with its last node, as tree.Layout's paths are."""
+    node = torch.zeros(1, dtype=torch.long, device=tokens.device)
+    accepted, going, path = torch.zeros_like(node), torch.ones(1, dtype=torch.bool, device=tokens.device), [node]
+    for _ in range(levels):
+        kids = plan.children.index_select(0, node)[0]
+        hit = (tokens.index_select(0, kids) == outputs.index_select(0, node)) & plan.real.index_select(0, node)[0]
+        found = hit.any(-1, keepdim=True) & going
+        node = torch.where(found, kids.index_select(0, hit.to(torch.int8).argmax().reshape(1)), node)
+        accepted, going = accepted + found.long(), found
+        path.append(node)
+    return torch.cat(path), accepted
 
 
 class State:

@@ -20,7 +20,7 @@ from typing import Callable
 
 import torch
 
-from . import drafting, dynamic, kernels, lookup
+from . import cycle, drafting, dynamic, kernels, lookup
 from .cache import KVCache
 from .tree import Layout, Tree, additive_mask, chain, layout
 
@@ -35,6 +35,7 @@ class Draft:
     point: dict = field(default_factory=dict)  # node -> token of its one-point draft (q = 1), verified first
     head_nodes: int | None = None  # nodes 1..head_nodes hold the head's drafts (None: all); others follow
     ranked: bool = True  # the walk's child ranks describe the drafter's tree (sequoia.py reads them)
+    sampled: tuple | None = None  # static trees at T > 0: (cycle.SampledPlan, q of the internal nodes, ids)
 
 
 def commit(call, draft: Draft, pairs, emitted) -> None:
@@ -163,6 +164,7 @@ class StaticTreeDrafter:
     def __init__(self, tree: Tree, scheme, device, dtype):
         self.tree, self.scheme = tree, scheme
         self.layout = layout(tree, device, dtype)
+        self.plan = cycle.SampledPlan.of(tree, device)
         self.levels, self.row_of = [], {}  # row_of: internal node -> (level, row) of its q
         slots, previous = [], [0]
         for depth in range(tree.max_depth):
@@ -211,7 +213,8 @@ class StaticTreeDrafter:
             level, row = self.row_of[node]
             return q_levels[level][row], model.ids
 
-        return Draft(self.tree, tokens, self.layout, q_of)
+        sampled = (self.plan, torch.cat(q_levels), model.ids) if call.temperature > 0 else None
+        return Draft(self.tree, tokens, self.layout, q_of, sampled=sampled)
 
     commit = staticmethod(commit)
 

@@ -416,6 +416,8 @@ class Decoder:
         logits = self.logits(features)
         if call.temperature == 0:
             path, emitted = self._accept_greedy(call, draft, logits)
+        elif draft.sampled is not None and not draft.point:
+            path, emitted = self._accept_sampled(call, draft, logits)
         else:
             path, emitted = self._walk(call, draft, logits)
         call.timer.lap("verify")
@@ -438,12 +440,24 @@ class Decoder:
         missed = tokens != argmax.index_select(0, layout.parent)
         reached = ~(layout.below_root & missed).any(-1)
         best = torch.where(reached, layout.rank, -1).argmax().reshape(1)
-        path = layout.paths.index_select(0, best)[0]
-        bonus = argmax.index_select(0, best)
+        return self._take_path(call, draft, layout.paths.index_select(0, best)[0], layout.depth.index_select(0, best),
+                               argmax.index_select(0, best))
+
+    def _accept_sampled(self, call: Call, draft, logits) -> tuple[torch.Tensor, list[int]]:
+        """T > 0 on a static tree: every node's output drawn at once (cycle.sampled_outputs), the walk by tensor
+        ops, one transfer."""
+        plan, q_internal, ids = draft.sampled
+        outputs = cycle.sampled_outputs(plan, warp(logits, call.temperature), q_internal, draft.tokens, self.verifier,
+                                        lambda q: self.draft_model.vocabulary_q(q, ids), call.generator)
+        path, accepted = cycle.sampled_walk(plan, outputs, draft.tokens, draft.tree.max_depth)
+        return self._take_path(call, draft, path, accepted, outputs.index_select(0, path[-1:]))
+
+    def _take_path(self, call: Call, draft, path, head, bonus) -> tuple[torch.Tensor, list[int]]:
+        """Commit an accepted path (padded with its last node) of `head` drafts and its bonus token: one transfer."""
+        tokens = draft.tokens
         # the accepted entries move next to the root before the transfer, so the device never waits for the host
         call.target_cache.gather(call.length + 1, call.length + path[1:])
         call.root = bonus
-        head = layout.depth.index_select(0, best)
         values = torch.cat([head, path, tokens.index_select(0, path), bonus]).tolist()
         count, depth = values[0], len(path) - 1
         nodes, path_tokens = values[1 : 2 + count], values[2 + depth : 3 + depth + count]
