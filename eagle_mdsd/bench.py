@@ -31,7 +31,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from . import jsonl, models, outputs, prompts, validate
+from . import jsonl, outputs, prompts, validate
 from .errors import Interrupted, UsageError
 
 
@@ -46,7 +46,7 @@ class Settings:
     profile: bool = False
     turns: int | None = None  # answer only the first turns (None: all)
     # what else made the answers, as (name, value) pairs: tree, drafter, verifier, draft vocabulary, head
-    # checksum, dtype, base model (`command_settings`; `suite` for its runs)
+    # checksum, dtype, base model (`cli.bench.settings`; `suite` for its runs)
     context: tuple = ()
 
     def record(self) -> dict:
@@ -54,25 +54,6 @@ class Settings:
         made = {"method": self.method, "temperature": float(self.temperature), "max_new_tokens": self.max_new_tokens,
                 "seed": self.seed, "turns": self.turns, **dict(self.context)}
         return json.loads(json.dumps(made))  # as a row reads back (tuples as lists)
-
-
-def command_settings(args) -> Settings:
-    """The Settings of a `bench` command line, with the context its rows record; a bad tree, dtype or head is a
-    one-line error here, before any model loads."""
-    from . import dynamic, head as heads
-    from .suite import head_checksum, tree_label
-
-    context = {"dtype": str(models.parse_dtype(args.dtype)).removeprefix("torch."),
-               "base_model": args.base_model or models.EMBEDDED}
-    if args.method == "eagle":
-        topology = dynamic.load(args.tree, total_tokens=args.total_tokens, depth=args.depth, top_k=args.top_k,
-                                nodes=args.nodes, threshold=args.threshold, max_depth=args.max_depth)
-        spec = args.ea_model or models.DEFAULT_HEAD
-        context |= {"tree": tree_label(topology), "drafter": args.drafter, "verifier": args.verifier,
-                    "draft_vocab": args.draft_vocab,
-                    "head": f"random:{args.seed}" if spec == "random" else head_checksum(heads.resolve(str(spec)))}
-    return Settings(args.method, args.max_new_tokens, args.temperature, args.seed, args.profile, args.turns,
-                    tuple(context.items()))
 
 
 def fastchat_template(model_spec: str | None):

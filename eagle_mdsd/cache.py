@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from transformers.cache_utils import Cache, DynamicLayer
 
+from .errors import UsageError
+
 
 class SharedLayer(DynamicLayer):
     """One layer of a KVCache: writes its new entries at the cache's length and attends to all before them."""
@@ -71,7 +73,7 @@ class KVCache(Cache):
 
     def allocate(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         if key_states.shape[-1] != value_states.shape[-1]:
-            raise ValueError(f"keys of size {key_states.shape[-1]} and values of size {value_states.shape[-1]} a "
+            raise UsageError(f"keys of size {key_states.shape[-1]} and values of size {value_states.shape[-1]} a "
                              f"head: this cache keeps both in one buffer and needs them the same size")
         if self.buffer is None:
             batch, heads, _, head_dim = key_states.shape

@@ -1,7 +1,9 @@
 """Temperature-0 equivalence with transformers' greedy generate, on the embedded default or any target.
 
 For each dtype, MT-Bench question (first turn) and tree, the engine's tokens
-are compared with `generate(do_sample=False)` from the same prompt ids.  Rows
+are compared with `generate(do_sample=False)` from the same prompt ids; the
+row `hf_compiled` compares transformers' compiled static-cache `generate`
+(peers.CompiledPeer) with it the same way.  Rows
 are appended to a JSONL file as they finish, so an interrupted run resumes.
 """
 
@@ -13,11 +15,12 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from . import benchmarks, dynamic, engine, head, jsonl, models, questions
+from . import benchmarks, dynamic, engine, head, jsonl, models, peers, questions
 
 BASELINE = "baseline"  # the engine's plain decoding, in place of a tree: where a difference enters
 ALL_TREES = (BASELINE, "eagle_default", "binary_depth4", "quad_depth3", "chain4", "chain6", "eagle2", "opt_tree",
-             "eagle_default+lookup")
+             "eagle_default+lookup", peers.COMPILED)
+NOT_TREES = (BASELINE, peers.COMPILED)  # rows that decode without a tree
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
@@ -30,9 +33,11 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 
 def greedy_equivalence(rows_file: Path, question_count: int = 5, max_new_tokens: int = 128,
                        trees=ALL_TREES, dtypes=("float32", "bfloat16"), head_spec: str = "random",
-                       base_model: str | None = None, device: str = "cpu", cuda_graphs: str = "auto") -> list[dict]:
-    """base_model: a hub id, folder or .gguf file (models.load_target); None, the embedded default."""
-    topologies = {name: None if name == BASELINE else dynamic.load(name) for name in trees}  # bad names: now
+                       base_model: str | None = None, device: str = "cpu", cuda_graphs: str = "auto",
+                       kernels_choice: str = "auto") -> list[dict]:
+    """base_model: a hub id, folder or .gguf file (models.load_target); None, the embedded default.
+    kernels_choice: the engine's linear kernels (`engine.Decoder`); `generate` always runs the stock ones."""
+    topologies = {name: None if name in NOT_TREES else dynamic.load(name) for name in trees}  # bad names: now
     torch_dtypes = {dtype: models.parse_dtype(dtype) for dtype in dtypes}
     done = {}
     jsonl.drop_cut_short_line(rows_file)
@@ -47,6 +52,7 @@ def greedy_equivalence(rows_file: Path, question_count: int = 5, max_new_tokens:
         draft_head = head.random_head(target) if head_spec == "random" else head.load_head(head_spec, target)
         eos = models.eos_token_ids(target, tokenizer)
         references = {}
+        compiled = peers.CompiledPeer(target, eos) if peers.COMPILED in trees else None
         for question, tree_name in tqdm(todo, desc=f"greedy check {dtype}"):
             prompt = models.chat_prompt_ids(tokenizer, question["turns"][0])
             if question["question_id"] not in references:
@@ -56,8 +62,13 @@ def greedy_equivalence(rows_file: Path, question_count: int = 5, max_new_tokens:
                 references[question["question_id"]] = out[0, len(prompt):].tolist()
             reference = references[question["question_id"]]
             topology = topologies[tree_name]
-            decoder = engine.Decoder(target, draft_head, topology, eos_token_ids=eos, cuda_graphs=cuda_graphs)
-            result = decoder.generate(prompt, max_new_tokens, 0.0, method="baseline" if topology is None else "eagle")
+            if tree_name == peers.COMPILED:
+                result = compiled.generate(prompt, max_new_tokens, 0.0)
+            else:
+                decoder = engine.Decoder(target, draft_head, topology, eos_token_ids=eos, cuda_graphs=cuda_graphs,
+                                         kernels_choice=kernels_choice)
+                result = decoder.generate(prompt, max_new_tokens, 0.0,
+                                          method="baseline" if topology is None else "eagle")
             row = {"dtype": dtype, "question_id": question["question_id"], "tree": tree_name,
                    "identical": result.token_ids == reference, "tokens": result.new_tokens,
                    "first_difference": first_difference(result.token_ids, reference), "tau": result.tau}

@@ -1,9 +1,9 @@
 """Tree drafters: how a cycle gets its tree of draft tokens from the EAGLE head.
 
-Every drafter has one method, `draft(model, call) -> Draft`: the head first reads the pairs whose true
+Every drafter has two methods: `draft(model, call) -> Draft`: the head first reads the pairs whose true
 features arrived in the last cycle (its output at the root predicts the root's feature), then the tree
-is drafted.  The engine scores the Draft in one target forward and verifies it without knowing which
-drafter made it.
+is drafted; `commit(call, draft, pairs, emitted)`: the accepted path's pairs become the pending ones.  The
+engine scores the Draft in one target forward and verifies it without knowing which drafter made it.
 
 - StaticTreeDrafter: a fixed topology compiled once into per-level index buffers; a level is one head
   call and one draw per group of nodes with the same number of children, all on the device.
@@ -15,12 +15,12 @@ drafter made it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
-from . import drafting, dynamic, kernels, lookup
+from . import cycle, drafting, dynamic, kernels, lookup
 from .cache import KVCache
 from .tree import Layout, Tree, additive_mask, chain, layout
 
@@ -32,10 +32,15 @@ class Draft:
     layout: Layout
     q_of: Callable | None = None  # internal node -> (q over ids, ids) it was drafted from (the walk at T > 0)
     drafts: dict = field(default_factory=dict)  # node -> its whole draft tuple, where pruning left fewer children
-    branch: dict = field(default_factory=dict)  # node -> its child on the prompt-lookup branch
-    proposal: list = field(default_factory=list)  # the prompt-lookup tokens
-    head_nodes: int | None = None  # nodes 1..head_nodes hold the head's drafts (None: all); lookup nodes follow
-    copy: bool = False  # a copy cycle: the head did not run, and its pending pairs wait for the next cycle
+    point: dict = field(default_factory=dict)  # node -> token of its one-point draft (q = 1), verified first
+    head_nodes: int | None = None  # nodes 1..head_nodes hold the head's drafts (None: all); others follow
+    ranked: bool = True  # the walk's child ranks describe the drafter's tree (sequoia.py reads them)
+    sampled: tuple | None = None  # static trees at T > 0: (cycle.SampledPlan, q of the internal nodes, ids)
+
+
+def commit(call, draft: Draft, pairs, emitted) -> None:
+    """The accepted path's (feature, token) pairs become the head's pending pairs."""
+    call.pending = pairs
 
 
 class DraftModel:
@@ -159,6 +164,7 @@ class StaticTreeDrafter:
     def __init__(self, tree: Tree, scheme, device, dtype):
         self.tree, self.scheme = tree, scheme
         self.layout = layout(tree, device, dtype)
+        self.plan = cycle.SampledPlan.of(tree, device)
         self.levels, self.row_of = [], {}  # row_of: internal node -> (level, row) of its q
         slots, previous = [], [0]
         for depth in range(tree.max_depth):
@@ -207,7 +213,10 @@ class StaticTreeDrafter:
             level, row = self.row_of[node]
             return q_levels[level][row], model.ids
 
-        return Draft(self.tree, tokens, self.layout, q_of)
+        sampled = (self.plan, torch.cat(q_levels), model.ids) if call.temperature > 0 else None
+        return Draft(self.tree, tokens, self.layout, q_of, sampled=sampled)
+
+    commit = staticmethod(commit)
 
 
 class DynamicTreeDrafter:
@@ -243,9 +252,18 @@ class DynamicTreeDrafter:
         return Draft(tree, tokens, layout(tree, self.device, self.dtype), {node: expanded[c] for node, c in internal}.get,
                      {node: drafted[c] for node, c in internal})
 
+    commit = staticmethod(commit)
+
+
+@dataclass
+class LookupDraft(Draft):
+    proposal: list = field(default_factory=list)  # the prompt-lookup tokens
+    copy: bool = False  # a copy cycle: the head did not run, and its pending pairs wait for the next cycle
+
 
 class LookupDrafter:
-    """A base drafter with the prompt-lookup continuation grafted on as a trie branch (lookup.py)."""
+    """A base drafter with the prompt-lookup continuation grafted on as a trie branch (lookup.py), and copy cycles
+    that check the lookup chain alone while the answer copies a span (call.drafting["copying"])."""
 
     def __init__(self, base, tokens: int, device, dtype):
         self.base, self.tokens, self.device, self.dtype = base, tokens, device, dtype
@@ -253,31 +271,46 @@ class LookupDrafter:
 
     def draft(self, model: DraftModel, call) -> Draft:
         proposal = lookup.continuation(call.context, self.tokens)
-        if call.copying and proposal:
+        if call.drafting.get("copying") and proposal:
             return self._copy(call, proposal)
         draft = self.base.draft(model, call)
         if not proposal:
-            return draft
+            return LookupDraft(**vars(draft))
         tree, tokens, branch = lookup.graft(draft.tree, draft.tokens, proposal)
-        return replace(draft, tree=tree, tokens=tokens, layout=layout(tree, self.device, self.dtype), branch=branch,
-                       proposal=proposal, head_nodes=draft.tree.size)
+        return LookupDraft(**(vars(draft) | dict(tree=tree, tokens=tokens, layout=layout(tree, self.device, self.dtype),
+                                                 point=self._points(tree, branch, proposal),
+                                                 head_nodes=draft.tree.size, proposal=proposal)))
+
+    @staticmethod
+    def _points(tree: Tree, branch: dict, proposal: list) -> dict:
+        """node -> the proposal token its lookup child holds."""
+        return {node: proposal[tree.depth[child] - 1] for node, child in branch.items()}
 
     def _copy(self, call, proposal) -> Draft:
         """The lookup chain alone; the head does not run (its pairs wait for the next full cycle)."""
-        call.copy_cycles += 1
+        call.drafting["copy_cycles"] = call.drafting.get("copy_cycles", 0) + 1
         n = len(proposal)
         if n not in self.chains:
             self.chains[n] = chain(n), layout(chain(n), self.device, self.dtype)
         tree, chain_layout = self.chains[n]
         tokens = torch.cat([call.root, torch.tensor(proposal, device=self.device)])
-        return Draft(tree, tokens, chain_layout, branch={i: i + 1 for i in range(n)},
-                     proposal=proposal, head_nodes=0, copy=True)
+        return LookupDraft(tree, tokens, chain_layout, point=self._points(tree, {i: i + 1 for i in range(n)}, proposal),
+                           head_nodes=0, ranked=False, proposal=proposal, copy=True)
+
+    @staticmethod
+    def commit(call, draft: LookupDraft, pairs, emitted) -> None:
+        """After a copy cycle the pairs join the waiting ones; a cycle that accepts COPY_MIN lookup drafts or more
+        makes the next one a copy cycle."""
+        if draft.copy:
+            pairs = (torch.cat([call.pending[0], pairs[0]]), torch.cat([call.pending[1], pairs[1]]))
+        call.pending = pairs
+        call.drafting["copying"] = lookup.agreement(emitted, draft.proposal) >= lookup.COPY_MIN
 
 
 def make(topology, scheme, device, dtype):
-    """The drafter for a tree.Tree, a dynamic.DynamicTree or a lookup.LookupTree."""
-    if isinstance(topology, lookup.LookupTree):
-        return LookupDrafter(make(topology.base, scheme, device, dtype), topology.tokens, device, dtype)
-    if isinstance(topology, dynamic.DynamicTree):
+    """The drafter for a topology (tree.Tree's interface): grafted, grown or static."""
+    if topology.grafted:
+        return LookupDrafter(make(topology.base, scheme, device, dtype), topology.grafted, device, dtype)
+    if not topology.static:
         return DynamicTreeDrafter(topology, scheme, device, dtype)
     return StaticTreeDrafter(topology, drafting.get(scheme), device, dtype)

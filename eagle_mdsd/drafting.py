@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import torch
 
+from .errors import UsageError
+
 __all__ = [
     "DraftScheme", "SCHEMES", "get", "names", "exclude", "top_tokens", "draw",
 ]
@@ -127,9 +129,9 @@ def _sample(dist: torch.Tensor, generator: torch.Generator | None) -> torch.Tens
 
 def _check_n(n: int, vocab: int, distinct: bool) -> None:
     if n < 1:
-        raise ValueError(f"number of drafts must be at least 1, got {n}")
+        raise UsageError(f"number of drafts must be at least 1, got {n}")
     if distinct and n > vocab:
-        raise ValueError(f"cannot draw {n} distinct drafts from a vocabulary of {vocab}: use n <= {vocab}")
+        raise UsageError(f"cannot draw {n} distinct drafts from a vocabulary of {vocab}: use n <= {vocab}")
 
 
 class DraftScheme:
@@ -177,19 +179,18 @@ class WithReplacement(DraftScheme):
 
 class WithoutReplacement(DraftScheme):
     name = "without_replacement"
-    reference = "sequential draws without replacement, as torch.multinomial(replacement=False) (Jeon et al. 2024)"
+    reference = "draws without replacement, as torch.multinomial(replacement=False), by Gumbel top-k (Jeon et al. 2024)"
 
     def sample_batch(self, q, n, generator=None):
+        """Gumbel top-k: the n largest log q + Gumbel noise, in decreasing order, are an ordered sample without
+        replacement with the sequential scheme's probabilities (`probabilities`), in one draw per row.  Tokens of
+        no mass rank below every other, lowest id first: the fill convention."""
         self.check(n, q.shape[-1])
-        # Sequential: each draw from q without the tokens drawn so far (the
-        # fill convention once q has no mass left).
-        rest = q.clone()
-        drafts = torch.empty(q.shape[:-1] + (n,), dtype=torch.long, device=q.device)
-        for j in range(n):
-            drafts[..., j] = _sample(_normalise_or_fill(rest, lambda: _mask_of(drafts[..., :j], q.shape[-1])),
-                                     generator)
-            rest.scatter_(-1, drafts[..., j : j + 1], 0.0)
-        return drafts
+        uniform = torch.rand(q.shape, generator=generator, dtype=torch.float64, device=q.device)
+        noise = -torch.log(-torch.log(uniform.clamp_min(torch.finfo(torch.float64).tiny)))
+        index = torch.arange(q.shape[-1], device=q.device, dtype=torch.float64)
+        key = torch.where(q > 0, q.double().clamp_min(torch.finfo(torch.float64).tiny).log() + noise, -1e9 - index)
+        return torch.topk(key, n, dim=-1).indices
 
     def probabilities(self, q, drafts):
         prob = torch.ones(q.shape[:-1], dtype=q.dtype, device=q.device)
@@ -222,7 +223,7 @@ class SpecHub(DraftScheme):
 
     def check(self, n, vocab):
         if n != 2:
-            raise ValueError(f"spechub draws exactly 2 drafts per node, got n={n}: use a tree with 2 children per node")
+            raise UsageError(f"spechub draws exactly 2 drafts per node, got n={n}: use a tree with 2 children per node")
         _check_n(n, vocab, True)
 
     def sample_batch(self, q, n, generator=None):
@@ -273,4 +274,4 @@ def get(name: str | DraftScheme) -> DraftScheme:
     try:
         return SCHEMES[name]
     except KeyError:
-        raise ValueError(f"unknown drafting scheme {name!r}: choose one of {', '.join(SCHEMES)}") from None
+        raise UsageError(f"unknown drafting scheme {name!r}: choose one of {', '.join(SCHEMES)}") from None

@@ -44,6 +44,7 @@ import torch
 
 from . import tree as static_trees
 from . import drafting, lookup
+from .errors import UsageError
 
 NAMES = ("eagle2", "opt_tree")
 
@@ -67,6 +68,17 @@ class DynamicTree:
         """Most entries a cycle adds to a cache: the tree, or the head's expansions."""
         return max(self.nodes, self.top_k * self.max_depth)
 
+    # The topology interface of tree.Tree.
+    @property
+    def fill(self) -> int:
+        return self.top_k
+
+    static = False
+    grafted = 0
+
+    def check_scheme(self, scheme, vocab: int = 1 << 30) -> None:
+        check_pair(self, scheme)
+
 
 # EAGLE-2's released defaults (total_token 60, depth 5 after the first level, top_k 10); OPT-Tree's budget.
 DEFAULTS = {"eagle2": {"total_tokens": 60, "depth": 6, "top_k": 10},
@@ -89,26 +101,26 @@ def load(spec: str, **overrides):
     given = {key: value for key, value in overrides.items() if value is not None}
     if name not in NAMES:
         if given:
-            raise ValueError(f"{_flags(given)} shape dynamic trees ({', '.join(NAMES)}), not tree {spec!r}: drop "
+            raise UsageError(f"{_flags(given)} shape dynamic trees ({', '.join(NAMES)}), not tree {spec!r}: drop "
                              f"{'it' if len(given) == 1 else 'them'} or pick a dynamic tree")
         return static_trees.load(spec)
     values = dict(DEFAULTS[name])
     unused = [key for key in given if key not in values]
     if unused:
-        raise ValueError(f"{name} does not take {_flags(unused)} (it takes {_flags(values)}): drop "
+        raise UsageError(f"{name} does not take {_flags(unused)} (it takes {_flags(values)}): drop "
                          f"{'it' if len(unused) == 1 else 'them'}")
     values.update(given)
     for item in filter(None, options.split(",")):
         key, _, raw = item.partition("=")
         if key not in values:
-            raise ValueError(f"tree {spec!r}: unknown option {key!r}; {name} takes {', '.join(values)}")
+            raise UsageError(f"tree {spec!r}: unknown option {key!r}; {name} takes {', '.join(values)}")
         try:
             values[key] = type(values[key])(raw)
         except ValueError:
-            raise ValueError(f"tree {spec!r}: {key} must be a number, got {raw!r}") from None
+            raise UsageError(f"tree {spec!r}: {key} must be a number, got {raw!r}") from None
     if name == "eagle2":
         if values["total_tokens"] < 2:
-            raise ValueError(f"eagle2: --total-tokens (total_tokens) counts the root and its drafts, so it must be "
+            raise UsageError(f"eagle2: --total-tokens (total_tokens) counts the root and its drafts, so it must be "
                              f"at least 2, got {values['total_tokens']}")
         return make(name, values["total_tokens"] - 1, values["depth"], values["top_k"])
     return make(name, values["nodes"], values["max_depth"], values["top_k"], values["threshold"])
@@ -117,14 +129,14 @@ def load(spec: str, **overrides):
 def make(name: str, nodes: int, max_depth: int, top_k: int, threshold: float = 0.0) -> DynamicTree:
     """A dynamic tree spec; every bad value is a one-line error."""
     if name not in NAMES:
-        raise ValueError(f"unknown dynamic tree {name!r}: use one of {', '.join(NAMES)}")
+        raise UsageError(f"unknown dynamic tree {name!r}: use one of {', '.join(NAMES)}")
     for label, value in (("nodes (--nodes)", nodes), ("depth", max_depth), ("top-k", top_k)):
         if value < 1:
-            raise ValueError(f"{name}: {label} must be at least 1, got {value}")
+            raise UsageError(f"{name}: {label} must be at least 1, got {value}")
     if nodes > static_trees.MAX_NODES:
-        raise ValueError(f"{name}: at most {static_trees.MAX_NODES} nodes are supported, got {nodes}")
+        raise UsageError(f"{name}: at most {static_trees.MAX_NODES} nodes are supported, got {nodes}")
     if threshold < 0:
-        raise ValueError(f"{name}: --threshold must be >= 0, got {threshold}")
+        raise UsageError(f"{name}: --threshold must be >= 0, got {threshold}")
     return DynamicTree(name, nodes, max_depth, top_k, threshold)
 
 
@@ -132,11 +144,11 @@ def check_pair(spec: DynamicTree, drafter: str) -> None:
     """One-line error unless a lossless pair (verification.check_pair) also stays exact in this tree."""
     scheme = drafting.get(drafter)
     if spec.name == "opt_tree" and scheme.name != "topk":
-        raise ValueError(f"opt_tree stops growing by the scores of drawn children, which is exact only for "
+        raise UsageError(f"opt_tree stops growing by the scores of drawn children, which is exact only for "
                          f"deterministic ones: use --drafter topk --verifier topk, or --tree eagle2 for "
                          f"{scheme.name} children")
     if scheme.name == "spechub" and spec.top_k != 2:
-        raise ValueError(f"spechub draws 2 children per node: use --top-k 2 with it (got {spec.top_k})")
+        raise UsageError(f"spechub draws 2 children per node: use --top-k 2 with it (got {spec.top_k})")
 
 
 def draw_children(q: torch.Tensor, k: int, scheme, generator=None, ids=None) -> tuple[torch.Tensor, torch.Tensor]:

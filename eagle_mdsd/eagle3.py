@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .checkpoint import head_config_for, llama_config, write_weights
 from .errors import UsageError
 from .models import cache_keyword
 
@@ -108,8 +109,6 @@ class Eagle3Head(nn.Module):
 def random_head(target, draft_vocab_size: int | None = None, seed: int = 0) -> Eagle3Head:
     """An untrained EAGLE-3 head for `target` (tests), over the `draft_vocab_size` lowest-numbered tokens
     taken in a shuffled order (so that d2t is no identity), or the whole vocabulary."""
-    from .head import head_config_for
-
     torch.manual_seed(seed)
     config = head_config_for(target.config)
     config.draft_vocab_size = draft_vocab_size or config.vocab_size
@@ -126,7 +125,6 @@ def random_head(target, draft_vocab_size: int | None = None, seed: int = 0) -> E
 
 def config_for(raw: dict, source: str = "config.json"):
     """A Llama config of one layer from an EAGLE-3 config.json; a value that makes none is a one-line error."""
-    from .head import llama_config
     from .validate import is_int
 
     for field in ("hidden_size", "vocab_size", "num_attention_heads", "intermediate_size"):
@@ -195,14 +193,11 @@ def load(raw: dict, state: dict, target, source: str) -> Eagle3Head:
 
 def save(head: Eagle3Head, folder) -> Path:
     """Write the released layout: config.json (LlamaForCausalLMEagle3) and model.safetensors."""
-    from safetensors.torch import save_file
-
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     config = {name: getattr(head.config, name) for name in CONFIG_NAMES if getattr(head.config, name, None) is not None}
     config.update({"architectures": [ARCHITECTURE], "model_type": "llama", "num_hidden_layers": 1,
                    "draft_vocab_size": head.config.draft_vocab_size, "target_hidden_size": head.target_hidden})
     (folder / "config.json").write_text(json.dumps(config, indent=2, default=str) + "\n")
-    state = {k: v.detach().to("cpu").contiguous() for k, v in head.state_dict().items() if "rotary_emb" not in k}
-    save_file(state, folder / "model.safetensors")
+    write_weights({k: v for k, v in head.state_dict().items() if "rotary_emb" not in k}, folder, safetensors=True)
     return folder

@@ -35,16 +35,16 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from . import drafters, drafting, dynamic, graphs, kernels, lookup, models, verification
+from . import cycle, drafters, drafting, graphs, kernels, models, verification
 from .cache import KVCache
+from .errors import UsageError
 from . import tree as trees
-from .tree import Tree
 
 
 def check_temperature(temperature: float, name: str = "temperature") -> None:
     """One-line error unless `temperature` is a finite number >= 0 (NaN would otherwise sample garbage)."""
     if not math.isfinite(temperature) or temperature < 0:
-        raise ValueError(f"{name} must be >= 0 (a finite number), got {temperature}")
+        raise UsageError(f"{name} must be >= 0 (a finite number), got {temperature}")
 
 
 def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -122,18 +122,6 @@ class GenerationResult:
         return asdict(self) | {"new_tokens": self.new_tokens, "tau": self.tau, "tokens_per_s": self.tokens_per_s}
 
 
-def check_drafter_fits(scheme, tree: Tree, vocab: int = 1 << 30) -> None:
-    """Every internal node's child count must be a draft count the scheme can produce."""
-    scheme = drafting.get(scheme)
-    for kids in tree.children:
-        if kids:
-            try:
-                scheme.check(len(kids), vocab)
-            except ValueError as error:
-                raise ValueError(f"drafter {scheme.name!r} cannot fill tree {tree.name!r} "
-                                 f"(a node has {len(kids)} children): {error}") from None
-
-
 # On a small target the head's lm_head over the full vocabulary is most of the drafting time; the embedded
 # default's 8192 most frequent answer tokens cover nearly all of its greedy answers, so drafting over them keeps
 # tau and drafts faster (measured: docs/design.md).
@@ -147,7 +135,7 @@ def resolve_draft_vocab(head, draft_vocab: int | str | None) -> int | None:
         return None
     if draft_vocab != "auto":
         if isinstance(draft_vocab, bool) or not isinstance(draft_vocab, int):
-            raise ValueError(f"draft_vocab must be a number of tokens, 'full' or 'auto', got {draft_vocab!r}")
+            raise UsageError(f"draft_vocab must be a number of tokens, 'full' or 'auto', got {draft_vocab!r}")
         return draft_vocab
     return min(AUTO_DRAFT_VOCAB, len(head.draft_vocab)) if head is not None and head.draft_vocab else None
 
@@ -165,23 +153,24 @@ class Call:
     root: torch.Tensor  # [1] the root token, on the device
     root_id: int  # the same token on the host
     pending: tuple | None = None  # (features [k, H], tokens [k]): pairs the head has not read yet
-    context: list = field(default_factory=list)  # prompt and output so far: what prompt lookup searches
-    copying: bool = False  # prompt lookup: the last cycle accepted a long lookup run
+    context: list = field(default_factory=list)  # prompt and output so far (prompt lookup searches it)
     accepted_ranks: list = field(default_factory=list)  # per visited node with children: child rank or -1
-    copy_cycles: int = 0
+    drafting: dict = field(default_factory=dict)  # the tree drafter's own state across cycles (drafters.py)
 
 
 class Decoder:
     """Speculative decoding of one target with an EAGLE head over a static, dynamic or lookup tree."""
 
-    def __init__(self, target, head=None, tree: Tree | dynamic.DynamicTree | lookup.LookupTree | None = None,
+    def __init__(self, target, head=None, tree=None,
                  drafter="topk", verifier="topk", eos_token_ids=(), draft_vocab: int | str | None = None,
                  kernels_choice: str = "auto", cuda_graphs: str = "auto", static_shapes: bool | None = None):
-        """draft_vocab: draft over the head's N most frequent tokens only (q is 0 elsewhere; still exact);
+        """tree: a topology (tree.Tree, dynamic.DynamicTree or lookup.LookupTree: tree.Tree's interface).
+        draft_vocab: draft over the head's N most frequent tokens only (q is 0 elsewhere; still exact);
         'auto': AUTO_DRAFT_VOCAB of them when the head ships its token ranking, else the full vocabulary.
         kernels_choice: 'auto' runs the target's and head's linear layers on prepacked bf16 weights where
         kernels.available (the layers are switched in place, stock outside this decoder), 'stock' never.
-        cuda_graphs: 'auto' captures the fixed-shape calls as CUDA graphs on CUDA (graphs.py), 'off' never.
+        cuda_graphs: 'auto' captures the fixed-shape calls as CUDA graphs on CUDA (graphs.py), 'off' never,
+        'emulate' replays them as graphs.Emulated on any device (what a CPU can check and count of the graphs).
         static_shapes: static caches (cache.py) without graphs too (default: where graphs run), which lets a
         CPU check what the graphs replay."""
         self.target, self.head = target, head
@@ -202,30 +191,27 @@ class Decoder:
             if head is not None:
                 kernels.pack(head)
         if self.feature_layers is not None and draft_vocab not in (None, "auto"):
-            raise ValueError(f"--draft-vocab {draft_vocab}: an EAGLE-3 head drafts over its own vocabulary of "
+            raise UsageError(f"--draft-vocab {draft_vocab}: an EAGLE-3 head drafts over its own vocabulary of "
                              f"{head.config.draft_vocab_size} tokens; drop --draft-vocab")
         draft_vocab = resolve_draft_vocab(head, draft_vocab)
         if draft_vocab is not None:
             if head is None or head.draft_vocab is None:
-                raise ValueError("--draft-vocab needs a head with a draft_vocab.json (token frequencies): "
+                raise UsageError("--draft-vocab needs a head with a draft_vocab.json (token frequencies): "
                                  "export it with `eagle-mdsd train-head export`, or leave --draft-vocab out")
             if draft_vocab < 1:
-                raise ValueError(f"--draft-vocab must be at least 1, got {draft_vocab}")
-        base = tree.base if isinstance(tree, lookup.LookupTree) else tree
-        if isinstance(base, dynamic.DynamicTree):
-            dynamic.check_pair(base, self.scheme.name)
-        elif base is not None:
-            check_drafter_fits(self.scheme, base, self.lm_head.weight.shape[0])
+                raise UsageError(f"--draft-vocab must be at least 1, got {draft_vocab}")
+        if tree is not None:
+            tree.check_scheme(self.scheme, self.lm_head.weight.shape[0])
         self.drafter = None if tree is None else drafters.make(tree, self.scheme, self.device, target.dtype)
-        self.graphs = graphs.Graphs() if graphs.resolve(cuda_graphs, self.device) else None
+        self.graphs = graphs.Emulated() if cuda_graphs == "emulate" else \
+            graphs.Graphs() if graphs.resolve(cuda_graphs, self.device) else None
         self.static = self.graphs is not None if static_shapes is None else static_shapes
         self.static_caches = {}  # capacity -> (target cache, head cache), kept so that captured graphs replay
+        self.device_cycles = {}  # (target cache, method) -> its cycle.DeviceCycle, kept for the same reason
         self.draft_model = None
         if head is not None:
-            fill = max(base.top_k if isinstance(base, dynamic.DynamicTree) else max(map(len, base.children)), 1) \
-                if base is not None else 1
-            self.draft_model = drafters.DraftModel(head, target, draft_vocab, fill, self.packed, self.graphs,
-                                                   (base.max_depth if base is not None else 0) + 1)
+            self.draft_model = drafters.DraftModel(head, target, draft_vocab, tree.fill if tree else 1, self.packed,
+                                                   self.graphs, (tree.max_depth if tree is not None else 0) + 1)
 
     # -- the target ---------------------------------------------------------------------------
 
@@ -302,19 +288,21 @@ class Decoder:
         """Check the arguments and make a call's state: (call, prompt on the device)."""
         check_temperature(temperature)
         if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+            raise UsageError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
         if method not in ("eagle", "baseline"):
-            raise ValueError(f"unknown method {method!r}: use eagle or baseline")
+            raise UsageError(f"unknown method {method!r}: use eagle or baseline")
         if method == "eagle" and (self.head is None or self.tree is None):
-            raise ValueError("method eagle needs a draft head and a tree")
+            raise UsageError("method eagle needs a draft head and a tree")
         prompt = torch.as_tensor(prompt_ids, dtype=torch.long, device=self.device).reshape(-1)
         tree_depth = self.tree.max_depth if method == "eagle" else 0
         context = getattr(self.target.config, "max_position_embeddings", None)
         if context is not None and len(prompt) + max_new_tokens + tree_depth > context:
-            raise ValueError(f"prompt ({len(prompt)} tokens) + max_new_tokens ({max_new_tokens}) + tree depth "
+            raise UsageError(f"prompt ({len(prompt)} tokens) + max_new_tokens ({max_new_tokens}) + tree depth "
                              f"({tree_depth}) exceed the model's context of {context} tokens: shorten the prompt "
                              f"or lower max_new_tokens")
-        capacity = len(prompt) + max_new_tokens + (self.tree.size if method == "eagle" else 0) + 2
+        # a cycle may run past max_new_tokens by a path, and the device loop queues one cycle ahead
+        extra = self.tree.size + self.tree.max_depth + 1 if method == "eagle" else 1
+        capacity = len(prompt) + max_new_tokens + 2 * extra + 2
         call = Call(temperature, torch.Generator(device=self.device).manual_seed(seed),
                     *self._caches(capacity, method), PhaseTimer(profile, self.device), 0, prompt[:0], -1)
         return call, prompt
@@ -332,27 +320,80 @@ class Decoder:
         call.root = self._choose(self.logits(features[-1]), call.temperature, call.generator)
         call.root_id = call.root.tolist()[0]
         prefill_time = time.perf_counter() - start
-        call.pending = (features, torch.cat([prompt[1:], call.root]))
         call.context = prompt.tolist() + [call.root_id]
         result = GenerationResult(call.context[:-1], [call.root_id], 0, accepted_ranks=call.accepted_ranks)
-        step = self._cycle if method == "eagle" else self._plain_step
-        while call.root_id not in self.eos and result.new_tokens < max_new_tokens:
-            emitted = step(call)
-            eos = next((i for i, token in enumerate(emitted) if token in self.eos), None)
-            emitted = emitted if eos is None else emitted[: eos + 1]  # a T = 0 path may run on past an EOS
-            result.cycles += 1
-            result.accept_lengths.append(len(emitted))
-            result.token_ids.extend(emitted)
-            if eos is not None:
-                break
-            call.context.extend(emitted)
+        on_device = self._device_cycle(call, method)
+        if on_device is not None:
+            self._run_on_device(on_device, call, prompt, features, result, max_new_tokens)
+        else:
+            call.pending = (features, torch.cat([prompt[1:], call.root]))
+            self._run_on_host(call, result, max_new_tokens, method)
         del result.token_ids[max_new_tokens:]
         result.prefill_time_s = prefill_time
         result.graph_capture_s = (self.graphs.seconds if self.graphs else 0.0) - captured
         result.wall_time_s = time.perf_counter() - start - result.graph_capture_s
         result.profile = dict(call.timer.seconds)
-        result.copy_cycles = call.copy_cycles
+        result.copy_cycles = call.drafting.get("copy_cycles", 0)
         return result
+
+    def _emit(self, result: GenerationResult, emitted: list[int]) -> bool:
+        """Count one cycle's tokens, cut at an EOS; True when the call ends on it."""
+        eos = next((i for i, token in enumerate(emitted) if token in self.eos), None)
+        emitted = emitted if eos is None else emitted[: eos + 1]  # a T = 0 path may run on past an EOS
+        result.cycles += 1
+        result.accept_lengths.append(len(emitted))
+        result.token_ids.extend(emitted)
+        return eos is not None
+
+    def _run_on_host(self, call: Call, result: GenerationResult, max_new_tokens: int, method: str) -> None:
+        step = self._cycle if method == "eagle" else self._plain_step
+        while call.root_id not in self.eos and result.new_tokens < max_new_tokens:
+            emitted = step(call)
+            if self._emit(result, emitted):
+                break
+            call.context.extend(emitted)
+
+    def _device_cycle(self, call: Call, method: str) -> cycle.DeviceCycle | None:
+        """The call's T = 0 cycle on the device (cycle.py), where its caches are static and its tree allows."""
+        if not self.static or call.temperature != 0 or (
+                method == "eagle" and not cycle.supports(self.tree, self.scheme.name)):
+            return None
+        key = (id(call.target_cache), method)
+        if key not in self.device_cycles:
+            self.device_cycles[key] = cycle.DeviceCycle(self, self.tree if method == "eagle" else None,
+                                                        call.target_cache, call.head_cache, method)
+        return self.device_cycles[key]
+
+    def _run_on_device(self, on_device: cycle.DeviceCycle, call: Call, prompt, features, result: GenerationResult,
+                       max_new_tokens: int) -> None:
+        """Cycles over device state, one transfer each; a cycle is queued before the host waits for the last
+        one's result wherever the token budget cannot end the call first (an EOS can: then it is dropped)."""
+        if on_device.method == "eagle" and len(prompt) > 1:  # the head reads the prompt's pairs but the last
+            causal = torch.full((len(prompt) - 1,) * 2, torch.finfo(self.target.dtype).min, dtype=self.target.dtype,
+                                device=self.device).triu_(1)
+            self.draft_model.run(call.head_cache, features[:-1], prompt[1:], torch.arange(1, len(prompt),
+                                 device=self.device), causal, 0, graph=False)
+        on_device.start(call.length, call.root, features[-1])
+        if call.root_id in self.eos or result.new_tokens >= max_new_tokens:
+            return
+        parity = 0
+        call.timer.start()
+        on_device.launch(parity, call.timer)
+        while True:
+            ahead = result.new_tokens + on_device.pairs < max_new_tokens
+            if ahead:
+                on_device.launch(1 - parity, call.timer)
+            accepted, emitted, ranks, internal = on_device.receive(parity)
+            if on_device.method == "eagle":
+                eos = next((i for i, token in enumerate(emitted[:-1]) if token in self.eos), None)
+                call.accepted_ranks.extend(ranks if eos is None else ranks[: eos + 1])
+                if eos is None and internal:
+                    call.accepted_ranks.append(-1)
+            if self._emit(result, emitted) or result.new_tokens >= max_new_tokens:
+                return
+            if not ahead:
+                on_device.launch(1 - parity, call.timer)
+            parity = 1 - parity
 
     def _plain_step(self, call: Call) -> list[int]:
         """One token from one target forward: the baseline every method is measured against."""
@@ -375,6 +416,8 @@ class Decoder:
         logits = self.logits(features)
         if call.temperature == 0:
             path, emitted = self._accept_greedy(call, draft, logits)
+        elif draft.sampled is not None and not draft.point:
+            path, emitted = self._accept_sampled(call, draft, logits)
         else:
             path, emitted = self._walk(call, draft, logits)
         call.timer.lap("verify")
@@ -382,10 +425,8 @@ class Decoder:
         call.target_cache.truncate(call.length + 1 + count)
         pairs = (features.index_select(0, path[: count + 1]), torch.cat([draft.tokens.index_select(0, path[1 : count + 1]),
                                                                         call.root]))
-        call.pending = (torch.cat([call.pending[0], pairs[0]]), torch.cat([call.pending[1], pairs[1]])) \
-            if draft.copy else pairs
+        self.drafter.commit(call, draft, pairs, emitted)  # the pairs become the head's pending ones
         call.length += count + 1
-        call.copying = lookup.agreement(emitted, draft.proposal) >= lookup.COPY_MIN
         call.timer.lap("commit")
         return emitted
 
@@ -399,16 +440,28 @@ class Decoder:
         missed = tokens != argmax.index_select(0, layout.parent)
         reached = ~(layout.below_root & missed).any(-1)
         best = torch.where(reached, layout.rank, -1).argmax().reshape(1)
-        path = layout.paths.index_select(0, best)[0]
-        bonus = argmax.index_select(0, best)
+        return self._take_path(call, draft, layout.paths.index_select(0, best)[0], layout.depth.index_select(0, best),
+                               argmax.index_select(0, best))
+
+    def _accept_sampled(self, call: Call, draft, logits) -> tuple[torch.Tensor, list[int]]:
+        """T > 0 on a static tree: every node's output drawn at once (cycle.sampled_outputs), the walk by tensor
+        ops, one transfer."""
+        plan, q_internal, ids = draft.sampled
+        outputs = cycle.sampled_outputs(plan, warp(logits, call.temperature), q_internal, draft.tokens, self.verifier,
+                                        lambda q: self.draft_model.vocabulary_q(q, ids), call.generator)
+        path, accepted = cycle.sampled_walk(plan, outputs, draft.tokens, draft.tree.max_depth)
+        return self._take_path(call, draft, path, accepted, outputs.index_select(0, path[-1:]))
+
+    def _take_path(self, call: Call, draft, path, head, bonus) -> tuple[torch.Tensor, list[int]]:
+        """Commit an accepted path (padded with its last node) of `head` drafts and its bonus token: one transfer."""
+        tokens = draft.tokens
         # the accepted entries move next to the root before the transfer, so the device never waits for the host
         call.target_cache.gather(call.length + 1, call.length + path[1:])
         call.root = bonus
-        head = layout.depth.index_select(0, best)
         values = torch.cat([head, path, tokens.index_select(0, path), bonus]).tolist()
         count, depth = values[0], len(path) - 1
         nodes, path_tokens = values[1 : 2 + count], values[2 + depth : 3 + depth + count]
-        if not draft.copy:  # the child ranks of the walk's visits, up to an accepted EOS (sequoia.py reads them)
+        if draft.ranked:  # the child ranks of the walk's visits, up to an accepted EOS (sequoia.py reads them)
             eos = next((i for i, token in enumerate(path_tokens[1:]) if token in self.eos), None)
             visited = nodes if eos is None else nodes[: eos + 2]
             for parent, node in zip(visited, visited[1:]):
@@ -430,7 +483,7 @@ class Decoder:
             rank = torch.where(hit.any(), hit.to(torch.int8).argmax(), -1)
             token, rank = torch.cat([output, rank[None]]).tolist()
             emitted.append(token)
-            if kids and not draft.copy:
+            if kids and draft.ranked:
                 call.accepted_ranks.append(rank)
             if rank < 0 or token in self.eos:
                 break
@@ -443,17 +496,17 @@ class Decoder:
         return path, emitted
 
     def _verify_node(self, call: Call, draft, logits, node, kids) -> torch.Tensor:
-        """The output token at a node at T > 0, distributed as p [1]: the lookup draft first, with probability
-        p(its token), then the verifier on the head drafts against the rest of p (lookup.py)."""
+        """The output token at a node at T > 0, distributed as p [1]: a one-point draft first (q = 1 on its token,
+        prompt lookup's), accepted with probability p(its token), then the verifier on the head drafts against
+        the rest of p (lookup.py gives the argument)."""
         p = warp(logits[node], call.temperature)
-        lookup_kid = draft.branch.get(node)
+        point = draft.point.get(node)
         head_kids = len(kids) if draft.head_nodes is None else sum(kid <= draft.head_nodes for kid in kids)
-        if lookup_kid is not None:
+        if point is not None:
             sampled = drafting.draw(p, 1, call.generator)
-            token = draft.proposal[draft.tree.depth[lookup_kid] - 1]
-            if head_kids == 0 or sampled.tolist()[0] == token:
-                return sampled  # a sample of p; when it is not the lookup token, a sample of p without it
-            p = lookup.without(p, token)
+            if head_kids == 0 or sampled.tolist()[0] == point:
+                return sampled  # a sample of p; when it is not the point's token, a sample of p without it
+            p = drafting.exclude(p, torch.arange(p.shape[-1], device=p.device) == point)
         if head_kids == 0:
             return drafting.draw(p, 1, call.generator)
         # a dynamic tree's verifier sees the node's whole draft tuple, pruned drafts included

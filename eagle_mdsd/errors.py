@@ -6,6 +6,11 @@ exception is a bug and keeps its traceback.  It subclasses ValueError so that li
 ValueError keep working.
 """
 
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
 
 class UsageError(ValueError):
     """Bad input from the user: the message names the input and the fix, in one line."""
@@ -28,3 +33,54 @@ def interrupted_message(stop: KeyboardInterrupt, command: str) -> str:
         return (f"{command} stopped; what it finished is kept whole and nothing is half-written: run the same "
                 f"command again to continue where it stopped")
     return f"{command} stopped before it finished and wrote nothing new: run the same command again"
+
+
+class MissingFile(UsageError, FileNotFoundError):
+    """A file or folder the user named is not there.  Also a FileNotFoundError, so that library callers that
+    catch that keep working."""
+
+
+def read_text(path, what: str, fix: str | None = None) -> str:
+    """The text of a file the user gave, `what` naming it in the error and `fix` (when given) saying what to do:
+    a file that is missing, a folder, unreadable or not UTF-8 is a one-line usage error."""
+    path = Path(path)
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise MissingFile(f"{what} {path} does not exist" + (f": {fix}" if fix else "")) from None
+    except IsADirectoryError:
+        raise UsageError(f"{what} {path} is a folder, not a file: {fix or 'give a file'}") from None
+    except OSError as error:
+        raise UsageError(f"{what} {path} cannot be read ({error.strerror or type(error).__name__}): "
+                         f"{fix or 'check that it is a readable file'}") from None
+    except UnicodeDecodeError as error:
+        raise UsageError(f"{what} {path} is not UTF-8 text (byte {error.start}): {fix or 'give a text file'}") from None
+
+
+def read_json(path, what: str, fix: str | None = None, kind: type | None = None):
+    """The JSON value of a file the user gave, of type `kind` unless None; see `read_text`, and a file that is
+    not JSON, nests too deeply, or holds another type is a usage error."""
+    text = read_text(path, what, fix)
+    fix = fix or "fix the file or replace it"
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise UsageError(f"{what} {path} is not valid JSON ({error.msg} at line {error.lineno}, column "
+                         f"{error.colno}): {fix}") from None
+    except RecursionError:
+        raise UsageError(f"{what} {path} nests too deeply to read: {fix}") from None
+    if kind is not None and not isinstance(value, kind):
+        wanted = "an object" if kind is dict else f"a {type_name(kind())}"
+        raise UsageError(f"{what} {path} holds a JSON {type_name(value)}, not {wanted}: {fix}")
+    return value
+
+
+def type_name(value) -> str:
+    """The JSON name of a decoded value's type."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    return {str: "string", list: "list", dict: "object"}.get(type(value), type(value).__name__)

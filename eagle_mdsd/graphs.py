@@ -19,13 +19,17 @@ import warnings
 
 import torch
 
+from .errors import UsageError
+
 CHOICES = ("auto", "off")
+# What a replay is labelled in the profiler: hostsync.top_level_ops counts replays, not the ops inside them.
+REPLAY = "eagle_mdsd::graph_replay"
 
 
 def resolve(choice: str, device: torch.device) -> bool:
     """--cuda-graphs auto|off -> whether to capture: auto means on CUDA."""
     if choice not in CHOICES:
-        raise ValueError(f"unknown --cuda-graphs {choice!r}: use one of {', '.join(CHOICES)}")
+        raise UsageError(f"unknown --cuda-graphs {choice!r}: use one of {', '.join(CHOICES)}")
     return choice == "auto" and torch.device(device).type == "cuda"
 
 
@@ -82,3 +86,35 @@ class Graphs:
             outputs = function(*buffers)
         torch.cuda.synchronize()
         return buffers, graph, outputs
+
+
+class Emulated(Graphs):
+    """Graphs emulated on any device, for counting what the host issues around them and for checking on a CPU
+    what CUDA graphs replay: 'capture' runs the function once, and every replay runs it again from the graph's
+    own input buffers, writing its tensors into the outputs of the capture (as a CUDA graph writes into the same
+    memory).  Captures and replays run inside a profiler range named REPLAY."""
+
+    @staticmethod
+    def _warm_up(function, inputs):
+        return [value.clone() for value in inputs]
+
+    def _capture(self, function, buffers):
+        with torch.profiler.record_function(REPLAY):
+            outputs = function(*buffers)
+
+        class Graph:
+            @staticmethod
+            def replay():
+                with torch.profiler.record_function(REPLAY):
+                    fresh = function(*buffers)
+                for old, new in zip(_tensors(outputs), _tensors(fresh)):
+                    old.copy_(new)
+
+        return buffers, Graph(), outputs
+
+
+def _tensors(outputs) -> list:
+    """The tensors of a captured function's output: one tensor, a tuple of them, or None."""
+    if outputs is None:
+        return []
+    return [outputs] if isinstance(outputs, torch.Tensor) else [x for x in outputs if isinstance(x, torch.Tensor)]

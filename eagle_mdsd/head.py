@@ -27,8 +27,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from . import checkpoints, validate
-from .errors import UsageError
+from . import eagle3, validate
+from .checkpoint import (check, head_config_for, head_folder, layout, llama_config, read_weights, weights_file,
+                         write_weights)
+from .errors import UsageError, read_json
 from .models import cache_keyword
 
 DRAFT_VOCAB_FILE = "draft_vocab.json"
@@ -60,21 +62,6 @@ class EagleHead(nn.Module):
         return hidden
 
 
-def head_config_for(target_config):
-    """A Llama config for a head over `target_config` (hidden size, heads, vocabulary)."""
-    from transformers import LlamaConfig
-
-    names = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "vocab_size",
-             "rms_norm_eps", "max_position_embeddings", "rope_theta", "hidden_act")
-    values = {name: getattr(target_config, name) for name in names if getattr(target_config, name, None) is not None}
-    rope = getattr(target_config, "rope_parameters", None)
-    config = LlamaConfig(**values, num_hidden_layers=1, attention_bias=False, mlp_bias=False)
-    if isinstance(rope, dict) and rope.get("rope_theta") is not None and hasattr(config, "rope_parameters"):
-        config.rope_parameters = {"rope_type": "default", "rope_theta": rope["rope_theta"]}
-    config.head_dim = target_config.hidden_size // target_config.num_attention_heads
-    return config
-
-
 def random_head(target, seed: int = 0, layers: int = 1) -> EagleHead:
     """An untrained head for `target` (tests: correctness must not depend on head quality)."""
     torch.manual_seed(seed)
@@ -89,38 +76,13 @@ def random_head(target, seed: int = 0, layers: int = 1) -> EagleHead:
     return head.to(dtype=target.dtype, device=target.device).eval()
 
 
-def check_fits(config, target_config, source: str) -> None:
+def _check_fits_target(config, target_config, source: str) -> None:
     """A head whose sizes do not match the target is refused, naming the field."""
     for field in ("hidden_size", "vocab_size"):
         head_value, target_value = getattr(config, field, None), getattr(target_config, field, None)
         if head_value != target_value:
             raise UsageError(f"draft head {source} does not fit the base model: {field} is {head_value} in the "
                              f"head but {target_value} in the base model; use a head trained for this base model")
-
-
-def _read_weights(folder: Path) -> dict:
-    return checkpoints.load(checkpoints.weights_file(folder, "draft head"))
-
-
-def config_fault(error: BaseException) -> str:
-    """The last line of a transformers config's validation error (its first lines name the validator)."""
-    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
-    return lines[-1][:160] if lines else type(error).__name__
-
-
-def llama_config(values: dict, spec: str, **extra):
-    """A LlamaConfig from a head's config.json values; a value transformers refuses is a one-line error."""
-    from transformers import LlamaConfig
-
-    for name in ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size"):
-        if name in values and not (validate.is_int(values[name]) and values[name] > 0):
-            raise UsageError(f"draft head {spec}: config.json's {name} must be a whole number above 0, not "
-                             f"{json.dumps(values[name])[:40]}: use the config.json that came with the head")
-    try:
-        return LlamaConfig(**values, **extra)
-    except Exception as error:  # transformers' strict validation raises its own classes besides TypeError
-        raise UsageError(f"draft head {spec}: config.json does not make a Llama config ({config_fault(error)}): "
-                         f"use the config.json that came with the head") from None
 
 
 def _head_config(raw: dict, spec: str):
@@ -144,20 +106,18 @@ def inspect(spec) -> tuple[Path, dict, bool]:
     """(folder, config.json, whether it is an EAGLE-3 head) of a head, its files checked against its config
     without loading any model: the config is valid, and the weights file holds every tensor the config asks
     for, in shape and as floats."""
-    folder = resolve(str(spec))
+    folder = head_folder(str(spec))
     if not folder.is_dir():
         raise UsageError(f"draft head {spec} is a file, not a folder: give the folder with config.json and weights")
-    raw = validate.read_json(folder / "config.json", f"draft head {spec}: config file",
-                             "give the config.json that came with the head")
-    weights = checkpoints.weights_file(folder, "draft head")
-    found = checkpoints.layout(weights)
-    from . import eagle3
-
+    raw = read_json(folder / "config.json", f"draft head {spec}: config file",
+                    "give the config.json that came with the head", kind=dict)
+    weights = weights_file(folder, "draft head")
+    found = layout(weights)
     is_eagle3 = eagle3.is_eagle3(raw, found)
     if is_eagle3:
         expected, optional = eagle3.expected_layout(raw, str(spec))
         found = {key.removeprefix("model."): value for key, value in found.items()}
-        checkpoints.check(found, expected, weights, optional, whole_numbers=("d2t", "t2d"))
+        check(found, expected, weights, optional, whole_numbers=("d2t", "t2d"))
     else:
         config, bias = _head_config(raw, str(spec))
         last = f"layers.{config.num_hidden_layers - 1}."
@@ -169,7 +129,7 @@ def inspect(spec) -> tuple[Path, dict, bool]:
             shapes = {key: tuple(value.shape) for key, value in EagleHead(config, bias=bias).state_dict().items()
                       if "rotary_emb" not in key}
         embedding = (config.vocab_size, config.hidden_size)
-        checkpoints.check(found, shapes, weights, {"embed_tokens.weight": embedding})
+        check(found, shapes, weights, {"embed_tokens.weight": embedding})
     _draft_vocab(folder, spec, raw.get("vocab_size"))
     return folder, raw, is_eagle3
 
@@ -180,7 +140,7 @@ def _draft_vocab(folder: Path, spec, vocab_size) -> list[int] | None:
     if not ranked.exists():
         return None
     fix = "regenerate it with `eagle-mdsd train-head export`, or delete it to draft over the full vocabulary"
-    record = validate.read_json(ranked, f"draft head {spec}: token ranking", fix)
+    record = read_json(ranked, f"draft head {spec}: token ranking", fix, kind=dict)
     token_ids = record.get("token_ids")
     if not (isinstance(token_ids, list) and token_ids and all(validate.is_int(t) for t in token_ids)):
         raise UsageError(f"draft head {spec}: {DRAFT_VOCAB_FILE} must hold a non-empty list of token ids under "
@@ -191,38 +151,15 @@ def _draft_vocab(folder: Path, spec, vocab_size) -> list[int] | None:
     return token_ids
 
 
-def resolve(spec: str) -> Path:
-    """A local folder, or a hub id downloaded with huggingface_hub (needs network)."""
-    path = Path(spec)
-    if path.exists():
-        return path
-    if "/" in spec and not spec.startswith((".", "/")):
-        from huggingface_hub import snapshot_download
-
-        from .models import hub_offline
-
-        offline = hub_offline()  # then only a copy in the hub's cache, at once
-        try:
-            return Path(snapshot_download(spec, allow_patterns=["config.json", "*.bin", "*.safetensors"],
-                                          local_files_only=offline))
-        except Exception as error:  # no network, no such repository, ...: the hub's own message runs to lines
-            why = "the hub is out of reach and its cache has no copy" if offline else type(error).__name__
-            raise UsageError(f"draft head {spec} is no folder here and the hub did not give it ({why}): give a "
-                             f"folder with config.json and weights, or a hub id with network") from None
-    raise UsageError(f"draft head {spec} does not exist: give a folder with config.json and weights")
-
-
 def load_head(spec: str, target):
     """Load an EAGLE-1 head (EagleHead) or an EAGLE-3 one (eagle3.Eagle3Head, told by its config) for `target`;
     refuses heads that do not fit it, and files that do not match their config (`inspect`)."""
     folder, raw, is_eagle3 = inspect(spec)
     if is_eagle3:
-        from . import eagle3
-
-        return eagle3.load(raw, _read_weights(folder), target, str(spec))
+        return eagle3.load(raw, read_weights(folder), target, str(spec))
     config, bias = _head_config(raw, str(spec))
-    check_fits(config, target.config, str(spec))
-    state = _read_weights(folder)
+    _check_fits_target(config, target.config, str(spec))
+    state = read_weights(folder)
     embed = state.pop("embed_tokens.weight", None)
     if embed is not None and tuple(embed.shape) != tuple(target.get_input_embeddings().weight.shape):
         raise UsageError(f"draft head {spec} does not fit the base model: embed_tokens.weight is "
@@ -250,15 +187,10 @@ def save_head(head: EagleHead, folder, target=None, safetensors: bool = False) -
     config.update({"bias": head.bias, "num_hidden_layers": len(head.layers), "architectures": ["LlamaForCausalLM"]})
     config.pop("_attn_implementation_autoset", None)
     (folder / "config.json").write_text(json.dumps(config, indent=2, default=str) + "\n")
-    state = {k: v.detach().to("cpu").contiguous() for k, v in head.state_dict().items()}
+    state = dict(head.state_dict())
     if target is not None:
-        state["embed_tokens.weight"] = target.get_input_embeddings().weight.detach().float().cpu().contiguous()
-    if safetensors:
-        from safetensors.torch import save_file
-
-        save_file(state, folder / "model.safetensors")
-    else:
-        torch.save(state, folder / "pytorch_model.bin")
+        state["embed_tokens.weight"] = target.get_input_embeddings().weight.float()
+    write_weights(state, folder, safetensors)
     if head.draft_vocab is not None:
         (folder / DRAFT_VOCAB_FILE).write_text(json.dumps({"token_ids": list(head.draft_vocab)}) + "\n")
     return folder

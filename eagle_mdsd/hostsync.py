@@ -73,15 +73,55 @@ def transfers(counts: Counter) -> int:
     return sum(calls for name, calls in counts.items() if name != "to_device")
 
 
+# Aten ops that launch no kernel: views, metadata and allocations without a fill.
+NO_LAUNCH = frozenset("aten::" + name for name in (
+    "view", "_unsafe_view", "reshape", "_reshape_alias", "slice", "select", "unsqueeze", "squeeze", "expand",
+    "as_strided", "t", "transpose", "permute", "narrow", "alias", "detach", "lift_fresh", "resolve_conj",
+    "resolve_neg", "empty", "empty_like", "empty_strided", "split", "split_with_sizes", "unbind", "chunk"))
+
+
 @contextmanager
 def top_level_ops():
-    """Count the top-level aten ops inside the block (each one a kernel launch on a GPU): yields a
-    one-item list filled with the count when the block ends."""
+    """Count the top-level aten ops inside the block (each one a kernel launch on a GPU): yields a two-item
+    list filled when the block ends with [ops issued one by one, graph replays].  Ops inside an emulated graph
+    replay (graphs.Emulated) belong to the replay, one launch, and are not counted as ops; nor are the NO_LAUNCH
+    ops."""
     from torch.profiler import ProfilerActivity, profile
 
-    result = [0]
+    from .graphs import REPLAY
+
+    def in_replay(event) -> bool:
+        while event is not None:
+            if event.name == REPLAY:
+                return True
+            event = event.cpu_parent
+        return False
+
+    result = [0, 0]
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         yield result
-    result[0] = sum(1 for event in prof.events()
-                    if event.name.startswith("aten::")
-                    and (event.cpu_parent is None or not event.cpu_parent.name.startswith("aten::")))
+    events = prof.events()
+    result[0] = sum(1 for event in events
+                    if event.name.startswith("aten::") and event.name not in NO_LAUNCH
+                    and (event.cpu_parent is None or not event.cpu_parent.name.startswith("aten::"))
+                    and not in_replay(event))
+    result[1] = sum(1 for event in events if event.name == REPLAY and not in_replay(event.cpu_parent))
+
+
+def per_cycle(call, tokens: int) -> dict:
+    """What one cycle issues: call(n) generates n new tokens and returns its cycles; a call of `tokens` less a
+    call of 1 (the prefill alone), over its cycles.  Returns transfers, uploads, ops (issued one by one) and
+    replays (graphs) per cycle."""
+    with syncs() as prefill:
+        call(1)
+    with syncs() as full:
+        cycles = call(tokens)
+    with top_level_ops() as prefill_ops:
+        call(1)
+    with top_level_ops() as full_ops:
+        call(tokens)
+    return {"cycles": cycles,
+            "transfers": (transfers(full) - transfers(prefill)) / cycles,
+            "uploads": (full["to_device"] - prefill["to_device"]) / cycles,
+            "ops": (full_ops[0] - prefill_ops[0]) / cycles,
+            "replays": (full_ops[1] - prefill_ops[1]) / cycles}

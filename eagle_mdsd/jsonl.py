@@ -10,13 +10,11 @@ import json
 import os
 from pathlib import Path
 
-from .errors import UsageError
+from .errors import UsageError, read_text
 
 
 def lines(path: Path) -> list[tuple[int, str]]:
     """(line number, text) of the file's finished, non-blank lines; none if it does not exist."""
-    from .validate import read_text
-
     path = Path(path)
     if not path.exists():
         return []

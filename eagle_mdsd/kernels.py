@@ -1,12 +1,11 @@
 """Prepacked bf16 linear layers for the CPU: oneDNN's kernel for weights laid out once in its blocked format.
 
-On a CPU with bf16 matrix units, `torch.nn.functional.linear` in bf16 reads
-the weights at about 10 GB/s; the same product on weights reordered once for
-oneDNN (the kernel torch.compile's freezing pass emits) runs a third faster,
-and a decoding step of a small model is mostly these products
-(evaluation/results/kernels_*.md).  The outputs are the stock kernel's, bit
-for bit, on the shapes we checked (tests/test_kernels.py checks it on this
-machine's kernels).
+On a CPU with bf16 matrix units, the same product on weights reordered once
+for oneDNN (the kernel torch.compile's freezing pass emits) runs faster than
+`torch.nn.functional.linear` in bf16, and a decoding step of a small model is
+mostly these products (measured: evaluation/results/kernels_*.md).  The
+outputs are the stock kernel's, bit for bit, on the shapes tests/test_kernels.py
+checks (with the kernels of the machine it runs on).
 
 `pack(model)` turns a model's nn.Linear layers into PackedLinear in place;
 they compute as before everywhere except inside `packed()`, so a model shared
@@ -39,6 +38,8 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from .errors import UsageError
 
 CHOICES = ("auto", "packed", "stock")
 
@@ -151,9 +152,9 @@ def _register_gqa_sdpa() -> None:
 def resolve(choice: str, weight: torch.Tensor) -> bool:
     """--kernels auto|packed|stock -> whether to pack; 'packed' where it cannot run is an error."""
     if choice not in CHOICES:
-        raise ValueError(f"unknown kernels {choice!r}: use one of {', '.join(CHOICES)}")
+        raise UsageError(f"unknown kernels {choice!r}: use one of {', '.join(CHOICES)}")
     if choice == "packed" and not available(weight):
-        raise ValueError(f"--kernels packed needs bf16 weights on a CPU with oneDNN bf16 support (got "
+        raise UsageError(f"--kernels packed needs bf16 weights on a CPU with oneDNN bf16 support (got "
                          f"{weight.dtype} on {weight.device.type}): use --dtype bfloat16 --device cpu, "
                          f"or --kernels auto")
     return choice != "stock" and available(weight)
@@ -161,7 +162,7 @@ def resolve(choice: str, weight: torch.Tensor) -> bool:
 
 def pack(model: torch.nn.Module, siblings: bool = True) -> torch.nn.Module:
     """Turn every nn.Linear of `model` into a PackedLinear in place (same parameters), packing the SIBLINGS of
-    a module as one weight (each layer alone with siblings=False, as before 2026-11-24), and its SDPA attention
+    a module as one weight (each layer alone with siblings=False), and its SDPA attention
     into `gqa_sdpa`; returns the model."""
     config = getattr(model, "config", None)
     if getattr(config, "_attn_implementation", None) == "sdpa":

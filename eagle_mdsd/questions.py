@@ -1,4 +1,5 @@
-"""The vendored Spec-Bench / MT-Bench questions, and question files of your own."""
+"""The Spec-Bench / MT-Bench questions shipped with the package (data/spec_bench, Apache-2.0), and question
+files of your own."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ from collections import Counter
 from pathlib import Path
 
 from . import validate
-from .errors import UsageError
+from .errors import MissingFile, UsageError, read_text
 
-QUESTION_FILE = Path(__file__).resolve().parent.parent / "evaluation" / "data" / "spec_bench" / "question.jsonl"
+QUESTION_FILE = Path(__file__).resolve().parent / "data" / "spec_bench" / "question.jsonl"
 MT_BENCH_IDS = range(81, 161)
 
 
@@ -41,8 +42,7 @@ def from_file(path: Path) -> list[dict]:
     where they carry no id, in the category named after the file where they name none."""
     path = Path(path)
     chosen = []
-    text = validate.read_text(path, "question file", "give a JSONL file of questions")
-    for number, line in enumerate(text.splitlines()):
+    for number, line in enumerate(read_text(path, "question file", "give a JSONL file of questions").splitlines()):
         if not line.strip():
             continue
         try:
@@ -65,9 +65,11 @@ def from_file(path: Path) -> list[dict]:
 def load(bench: str = "mt_bench", path: Path = QUESTION_FILE) -> list[dict]:
     """Questions of `bench`: mt_bench, spec_bench (all 480), one category name, or a .jsonl file (`from_file`)."""
     if bench.endswith(".jsonl"):
+        if not Path(bench).exists():
+            raise MissingFile(f"question file {bench} does not exist: give a JSONL file of questions")
         return from_file(Path(bench))
     if not Path(path).exists():
-        raise UsageError(f"question file {path} does not exist: reinstall eagle-mdsd, which ships it")
+        raise MissingFile(f"question file {path} does not exist: reinstall eagle-mdsd, which ships it")
     questions = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
     if bench == "spec_bench":
         return questions

@@ -17,9 +17,9 @@ them) count as one setting of their own, so an older file reads as before.
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
-import json
 from pathlib import Path
 
 from . import bench, outputs
@@ -93,6 +93,45 @@ def paired_tau(reference: dict, other: dict) -> dict:
             "higher": sum(d > 0 for d in differences), "lower": sum(d < 0 for d in differences)}
 
 
+def question_rates(rows: list[dict]) -> list[list]:
+    """[question id, its tokens / its seconds over all turns] per question, in the file's order (the order run)."""
+    return [[row["question_id"], sum(row["choices"][0]["new_tokens"]) / sum(row["choices"][0]["wall_time"])]
+            for row in rows if sum(row["choices"][0]["wall_time"]) > 0]
+
+
+def spread_markdown(entries: list[dict], listed: int = 12) -> list[str]:
+    """Lines on how each entry's per-question tokens/s spread (min, median, max, and the first half of its
+    questions over the second, in the order run: a drifting machine shows there), every question's rate where
+    there are at most `listed`; and whether every entry answered the same questions (paired) or which differ.
+    Empty for entries of older results, which kept no per-question rates."""
+    rated = [e for e in entries if e.get("question_tokens_per_s")]
+    if not rated:
+        return []
+    asked = {e["label"]: [q for q, _ in e["question_tokens_per_s"]] for e in rated}
+    every = sorted({q for ids in asked.values() for q in ids})
+    lacking = {label: [q for q in every if q not in ids] for label, ids in asked.items()}
+    if any(lacking.values()):
+        paired = ["Not paired: the rows answered different questions (" + "; ".join(
+            f"{label} lacks {', '.join(map(str, ids))}" for label, ids in lacking.items() if ids) + ")."]
+    else:
+        paired = [f"Paired: every row answered the same {len(every)} questions."]
+    shown = len(every) <= listed
+    lines = ["", *paired, "", "Per question tokens/s (a question's tokens over its seconds, all turns; first half / "
+             "second half: the mean rate of the first half of the questions run over the second half's):", "",
+             "| method | min | median | max | first half / second half |"
+             + ("".join(f" {q} |" for q in every) if shown else ""),
+             "|---|---|---|---|---|" + ("---|" * len(every) if shown else "")]
+    for entry in rated:
+        rates = dict((q, r) for q, r in entry["question_tokens_per_s"])
+        ordered = [r for _, r in entry["question_tokens_per_s"]]
+        half = len(ordered) // 2
+        drift = (f"{statistics.fmean(ordered[:half]) / statistics.fmean(ordered[-half:]):.2f}" if half else "-")
+        lines.append(f"| {entry['label']} | {min(ordered):.1f} | {statistics.median(ordered):.1f} | "
+                     f"{max(ordered):.1f} | {drift} |"
+                     + ("".join(f" {rates[q]:.1f} |" if q in rates else " - |" for q in every) if shown else ""))
+    return lines
+
+
 def _by_category(rows: list[dict]) -> dict[str, list[dict]]:
     groups: dict[str, list[dict]] = {"all": rows}
     for row in rows:
@@ -146,7 +185,8 @@ def compare(answer_files: list[Path], baseline: Path | None = None, labels: list
                                                    / theirs["mean_question_tokens_per_s"] if shared else float("nan"))
             categories[name] = totals
         label = labels[i] if labels else rows[0].get("model_id") or Path(path).stem
-        entries.append({"label": label, "file": str(path), "categories": categories})
+        entries.append({"label": label, "file": str(path), "categories": categories,
+                        "question_tokens_per_s": question_rates(rows)})
         if paired and "acceptance_by_depth" in categories["all"]:  # a file that drafted
             taus.append((entries[-1], question_tau(rows)))
         if window and "acceptance_by_depth" in categories["all"]:
@@ -156,15 +196,17 @@ def compare(answer_files: list[Path], baseline: Path | None = None, labels: list
     return entries
 
 
-def markdown(entries: list[dict], over: str | None = None) -> str:
-    """The overall table, the per-category table and, for profiled files, the time per phase; where an entry is
-    labelled `over`, the overall table also gives every entry's tokens/s over that entry's ("x OVER")."""
+def markdown(entries: list[dict], over: str | tuple = ()) -> str:
+    """The overall table, the per-category table and, for profiled files, the time per phase; for each label in
+    `over` (one or several) that an entry carries, the overall table also gives every entry's tokens/s over that
+    entry's ("x OVER")."""
     with_speedup = all("speedup" in e["categories"]["all"] for e in entries)
-    peer = next((e["categories"]["all"]["tokens_per_s"] for e in entries if e["label"] == over), None)
+    speeds = {e["label"]: e["categories"]["all"]["tokens_per_s"] for e in entries}
+    peers = [label for label in ((over,) if isinstance(over, str) else over or ()) if label in speeds]
     lines = ["| method | questions | new tokens | tau | tokens/s | tokens/s, mean of questions |"
              + (" speedup | speedup, mean of questions |" if with_speedup else "")
-             + (f" x {over} |" if peer else ""),
-             "|---|---|---|---|---|---|" + ("---|---|" if with_speedup else "") + ("---|" if peer else "")]
+             + "".join(f" x {label} |" for label in peers),
+             "|---|---|---|---|---|---|" + ("---|---|" if with_speedup else "") + "---|" * len(peers)]
     for entry in entries:
         total = entry["categories"]["all"]
         mean_rate = total.get("mean_question_tokens_per_s", float("nan"))
@@ -172,10 +214,11 @@ def markdown(entries: list[dict], over: str | None = None) -> str:
                      f"{total['tokens_per_s']:.1f} | {mean_rate:.1f} |"
                      + (f" {total['speedup']:.2f}x | {total['mean_question_speedup']:.2f}x |" if with_speedup
                         else "")
-                     + (f" {total['tokens_per_s'] / peer:.2f}x |" if peer else ""))
+                     + "".join(f" {total['tokens_per_s'] / speeds[label]:.2f}x |" for label in peers))
     lines += ["", "tokens/s: total new tokens over total time (every turn's wall time, prefill included). tokens/s, "
               "mean of questions: the mean over questions of each question's tokens over its time, as Spec-Bench's "
               "and EAGLE's speed.py compute it; their speedup is the ratio of those means."]
+    lines += spread_markdown(entries)
     categories = sorted({c for e in entries for c in e["categories"] if c != "all"})
     if categories:
         what = "speedup (tau)" if with_speedup else "tokens/s (tau)"

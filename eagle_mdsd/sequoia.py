@@ -31,7 +31,7 @@ from . import engine, models, outputs, tree as trees
 from .cache import KVCache
 from .errors import UsageError
 
-OUT_DIR = Path("runs") / "sequoia"  # where trees are written by default: never the package's own tree_configs/
+OUT_DIR = Path("runs") / "sequoia"  # where trees are written by default: under runs/, as every command's output
 
 NEG = float("-inf")
 
@@ -191,11 +191,15 @@ def build(decoder_for, tokenizer, out: Path, max_nodes: int, max_depth: int, har
 
 
 def output_path(name: str, out_dir: Path = OUT_DIR) -> Path:
-    """out_dir/NAME.json (default runs/sequoia/; `--tree` takes its path); NAME must be a plain file name, and
-    an existing tree there one that Sequoia wrote (a rerun may replace it, a hand-written topology is kept)."""
+    """out_dir/NAME.json (default runs/sequoia/; `--tree` takes its path); NAME must be a plain file name and no
+    shipped tree's, and an existing tree there one that Sequoia wrote (a rerun may replace it, a hand-written
+    topology is kept)."""
     if not name or name.startswith(".") or Path(name).name != name or "\\" in name:
         raise UsageError(f"--name {name!r} must be a plain file name such as my_tree (written to "
                          f"{Path(out_dir) / 'NAME.json'})")
+    if (trees.SHIPPED_TREES / f"{name}.json").exists():
+        raise UsageError(f"--name {name} is the name of a shipped tree, which `--tree {name}` names: pick "
+                         f"another --name")
     out = Path(out_dir) / f"{name}.json"
     if out.exists():
         try:

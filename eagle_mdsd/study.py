@@ -34,6 +34,7 @@ from tqdm import tqdm
 from . import drafting, head, models, outputs, questions, theory, verification
 from .benchmarks import machine
 from .engine import additive_mask, warp
+from .errors import MissingFile, UsageError
 
 TASKS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning")
 DRAFTS = ("eagle", "truncated")
@@ -79,7 +80,7 @@ def _task_positions(target, draft_head, tokenizer, task: str, positions: int, ma
         gathered += int(mask.sum())
         sources.append(question["question_id"])
     if gathered < positions:
-        raise ValueError(f"task {task} gave only {gathered} positions, fewer than {positions}: lower --positions")
+        raise UsageError(f"task {task} gave only {gathered} positions, fewer than {positions}: lower --positions")
     return {"p": torch.cat(p_rows)[:positions], "eagle": torch.cat(eagle_rows)[:positions],
             "truncated": torch.cat(truncated_rows)[:positions], "question_ids": sources, "layers": layers}
 
@@ -191,7 +192,7 @@ def analyse(run: Path, out_dir: Path, temperature: float = 0.7, n: int = 3, draw
     run, out_dir = Path(run), Path(out_dir)
     missing = [t for t in tasks if not (run / f"{t}.pt").exists()]
     if missing:
-        raise FileNotFoundError(f"no collected positions for {', '.join(missing)} in {run}: run `eagle-mdsd study "
+        raise MissingFile(f"no collected positions for {', '.join(missing)} in {run}: run `eagle-mdsd study "
                                 f"collect --run {run}` first")
     table = {}
     for task in tqdm(tasks, desc=f"table T={temperature:g} n={n}"):

@@ -24,18 +24,19 @@ import hashlib
 import json
 import re
 import shlex
+import time
 from pathlib import Path
 
 from tqdm import tqdm
 
-from . import (bench, dynamic, engine, head, kernels, lookup, models, outputs, peers, questions, report, validate,
+from . import (bench, dynamic, engine, head, kernels, lookup, models, outputs, peers, questions, report,
                verification)
 from .benchmarks import machine, machine_line
-from .errors import Interrupted, UsageError
-from .tree import Tree
+from .errors import Interrupted, UsageError, read_json
 
 METHODS = ("eagle", "baseline") + peers.METHODS
-PEER = "hf_generate"  # the page gives every method's tokens/s over transformers generate's, the usual reference
+PEER = "hf_generate"  # the page gives every method's tokens/s over transformers generate's, the usual reference,
+PEERS = (PEER, peers.COMPILED)  # and over its compiled static-cache form's, the fast one
 # EAGLE's pair at T > 0: sampled drafts beat deterministic top-k ones there (measured: docs/benchmarks.md).
 SAMPLING_PAIR = "without_replacement/rrs_wo"
 # EAGLE's static tree at T > 0: where every tree row costs target compute, as on a CPU, a chain of two sampled
@@ -47,9 +48,11 @@ SAMPLING_TREE = "chain2"
 def make_runner(method: str, target, tokenizer, draft_head=None, topology=None, drafter="topk",
                 verifier="topk", draft_vocab: int | str | None = "auto", kernels_choice: str = "auto",
                 cuda_graphs: str = "auto"):
-    """What answers with `method`: an engine.Decoder (eagle, baseline; kernels_choice: kernels.CHOICES) or a
-    TransformersPeer (stock kernels always: transformers as users run it)."""
+    """What answers with `method`: an engine.Decoder (eagle, baseline; kernels_choice: kernels.CHOICES), a
+    TransformersPeer or, for hf_compiled, a CompiledPeer (stock kernels always: transformers as users run it)."""
     eos = models.eos_token_ids(target, tokenizer)
+    if method == peers.COMPILED:
+        return peers.CompiledPeer(target, eos)
     if method in peers.METHODS:
         return peers.TransformersPeer(target, eos)
     if method not in METHODS:
@@ -63,16 +66,11 @@ def make_runner(method: str, target, tokenizer, draft_head=None, topology=None, 
 def check_fits(topology, drafter: str, verifier: str) -> None:
     """One-line error unless the pair is lossless and can fill the tree (static or dynamic)."""
     verification.check_pair(drafter, verifier)
-    if isinstance(topology, lookup.LookupTree):
-        topology = topology.base
-    if isinstance(topology, dynamic.DynamicTree):
-        dynamic.check_pair(topology, drafter)
-    else:
-        engine.check_drafter_fits(drafter, topology)
+    topology.check_scheme(drafter)
 
 
 def tree_label(topology) -> str:
-    return topology.label if isinstance(topology, (dynamic.DynamicTree, lookup.LookupTree)) else topology.name
+    return topology.label
 
 
 def tree_and_pair(entry: str, drafter: str, verifier: str) -> tuple[str, str, str]:
@@ -114,12 +112,12 @@ def benchmark_setups(trees, drafter: str, verifier: str, sampled: tuple[str, str
         label = tree_label(topology) + own
         own_run = (label, topology, own_drafter, own_verifier)
         setup = {False: own_run, True: own_run}
-        grafted = topology.tokens if isinstance(topology, lookup.LookupTree) else 0
-        if not own and isinstance(topology.base if grafted else topology, Tree):
+        grafted = topology.grafted
+        if not own and topology.static:
             sampled_topology = topology
             if sampling_tree != "same":
                 sampled_topology = dynamic.load(sampling_tree)
-                if not isinstance(sampled_topology, Tree):
+                if not sampled_topology.static or sampled_topology.grafted:
                     raise UsageError(f"--sampling-tree {sampling_tree}: give a static tree (a name, chainN or a "
                                      f"file), or 'same'")
                 if grafted:  # TREE+lookupN samples on SAMPLING_TREE+lookupN
@@ -199,8 +197,8 @@ def check_settings(folder: Path, settings: dict) -> None:
 
 def _read_settings(record: Path) -> dict:
     """A run's settings.json; a broken one is a one-line error naming it."""
-    made = validate.read_json(record, "run settings", "restore it from the run's copy, or delete the run folder "
-                                                      "to start over")
+    made = read_json(record, "run settings", "restore it from the run's copy, or delete the run folder to start "
+                                             "over", kind=dict)
     machine_record = made.get("machine")
     if machine_record is not None and not (isinstance(machine_record, dict)
                                            and {"cpu", "threads", "torch"} <= set(machine_record)
@@ -232,6 +230,58 @@ def timing_machine(folder: Path, answer_files, chosen: list[dict], device: str =
         raise UsageError(f"{folder} holds answers timed on {machine_line(made)} and this machine is "
                          f"{machine_line(here)}: finish them there, or pass another --name")
     return made
+
+
+def longest_turn(tokenizer, chosen: list[dict], max_new_tokens: int) -> int:
+    """An upper bound on the tokens of any turn of `chosen`, prompt and answer: every earlier answer counted as
+    max_new_tokens and a margin for re-tokenising its text.  hf_compiled allocates its static cache for it."""
+    margin = 16
+    return max(len(bench.conversation_ids(tokenizer, q["turns"], [""] * (len(q["turns"]) - 1)))
+               + len(q["turns"]) * max_new_tokens + (len(q["turns"]) - 1) * margin for q in chosen)
+
+
+# Answered in full before the timed questions where the benchmark leaves no question of its set out.
+SPARE_QUESTION = {"question_id": -1, "category": "warm-up", "turns": [
+    "Write a long, detailed travel story about a week spent walking along a coast, day by day.",
+    "Now rewrite the story as a letter to a friend, keeping every day in it."]}
+
+
+def warmup_question(all_questions: list[dict], chosen: list[dict]) -> dict:
+    """The question every method answers in full before the timed ones: the first of the set left out of
+    `chosen`, so that no timed answer is one a method has already given."""
+    taken = {q["question_id"] for q in chosen}
+    return next((q for q in all_questions if q["question_id"] not in taken), SPARE_QUESTION)
+
+
+def warm_up(runners: dict, files, tokenizer, question: dict, plan, cache_tokens: int) -> dict:
+    """Steady state before the clock: every compiled peer compiles and allocates for `cache_tokens` (its seconds
+    under 'compile_s'), then every (temperature, label) of `files` answers `question` in full, all its turns at
+    the benchmark's length (seconds under 'warmup_s', keyed 'LABEL T=t').  Nothing here is timed or written."""
+    compile_s, warmup_s = {}, {}
+    for t, label in files:
+        method, runner = runners[t > 0, label]
+        if isinstance(runner, peers.CompiledPeer) and label not in compile_s:
+            compile_s[label] = runner.prepare(cache_tokens)
+    for t, label in files:
+        method, runner = runners[t > 0, label]
+        start = time.perf_counter()
+        bench.answer(runner, tokenizer, question, bench.Settings(method, plan.max_new_tokens, t, plan.seed))
+        warmup_s[f"{label} T={t:g}"] = time.perf_counter() - start
+    return {"question": question["question_id"], "compile_s": compile_s, "warmup_s": warmup_s}
+
+
+def warmup_note(result: dict) -> str:
+    """The page's sentence on the untimed warm-up (older runs warmed up on one short answer and recorded none)."""
+    warm = result.get("warmup")
+    if not warm:
+        return ""
+    which = ("a question outside the set" if warm["question"] == SPARE_QUESTION["question_id"]
+             else f"question {warm['question']}, outside the set")
+    compiled = "".join(f" {label} compiled and allocated its static cache first in {seconds:.0f} s."
+                       for label, seconds in warm["compile_s"].items())
+    total = sum(warm["warmup_s"].values())
+    return (f" Before the clock, every method answered {which} in full at these settings ({total:.0f} s in all, "
+            f"not counted).{compiled}")
 
 
 def _temperature_tag(temperature: float) -> str:
@@ -302,7 +352,8 @@ def answer_and_report(out: Path, answers: Path, plan: BenchmarkPlan = BenchmarkP
     sampled_drafter, sampled_verifier = parse_sampling_pair(plan.sampling_pair, plan.drafter, plan.verifier)
     setups = benchmark_setups(plan.trees, plan.drafter, plan.verifier, (sampled_drafter, sampled_verifier),
                               plan.sampling_tree)
-    chosen = spread(questions.load(plan.bench_name), plan.count)
+    all_questions = questions.load(plan.bench_name)
+    chosen = spread(all_questions, plan.count)
     date = datetime.date.today().isoformat()
     name = plan.name or f"benchmark_{date}_{plan.dtype}"
     stem = Path(out) / name
@@ -359,10 +410,12 @@ def answer_and_report(out: Path, answers: Path, plan: BenchmarkPlan = BenchmarkP
     timed_on = timing_machine(Path(answers) / name, files.values(), chosen, plan.device)
     if index == 0:
         barrier()
-    warm = models.chat_prompt_ids(tokenizer, "Hello!")
-    for t, label in files:  # one-off costs (allocations, kernels)
-        method, runner = runners[t > 0, label]
-        runner.generate(warm, 16, t, plan.seed, method)
+    spare = warmup_question(all_questions, chosen)
+    wanted = {q["question_id"] for q in chosen[index::count]}
+    warmup = None  # (a run whose answers are all there only reports)
+    if any(not wanted <= bench.finished_ids(answer_file) for answer_file in files.values()):
+        warmup = warm_up(runners, files, tokenizer, spare, plan,
+                         longest_turn(tokenizer, chosen + [spare], plan.max_new_tokens))
     for question in tqdm(chosen[index::count], desc=f"{plan.bench_name} questions, each into {len(files)} answer "
                          f"files", disable=index > 0):
         for (t, label), answer_file in files.items():
@@ -378,7 +431,7 @@ def answer_and_report(out: Path, answers: Path, plan: BenchmarkPlan = BenchmarkP
         bench.merge_shards(answer_file)
     held = sorted(set().union(*(bench.finished_ids(f) for f in files.values())))  # what the tables hold
     result = {"name": name, "date": date, "machine": timed_on, **({"command": command} if command else {}),
-              "bench": plan.bench_name,
+              "bench": plan.bench_name, "warmup": warmup,
               "questions": held,
               "dtype": plan.dtype, "device": plan.device, "max_new_tokens": plan.max_new_tokens,
               "trees": [setup[False][0] for setup in setups],
@@ -439,7 +492,8 @@ def benchmark_markdown(result: dict, stem: str) -> str:
     a 'command_note' on how it ran, added when a run is published), the machine and settings, and per temperature
     the report's tables with each method's speedup over `baseline` and over PEER, the chart and `comparisons`."""
     m = result["machine"]
-    with_peer = any(e["label"] == PEER for block in result["temperatures"].values() for e in block["entries"])
+    labels = {e["label"] for block in result["temperatures"].values() for e in block["entries"]}
+    with_peer, with_compiled = PEER in labels, peers.COMPILED in labels
     command = []
     if result.get("command"):
         note = f", {result['command_note']}" if result.get("command_note") else ""
@@ -458,10 +512,12 @@ def benchmark_markdown(result: dict, stem: str) -> str:
              f"on the same questions; "
              + (f"x {PEER} = tokens/s over `{PEER}`'s (transformers `generate`; at T > 0 its plain sampling) in the "
                 f"same run; " if with_peer else "")
+             + (f"x {peers.COMPILED} = the same over `{peers.COMPILED}`'s (`generate` with a static cache and "
+                f"torch.compile); " if with_compiled else "")
              + f"tau = new tokens / target forward passes after the prefill."
-             f"{kernels_note(result)}", ""]
+             f"{kernels_note(result)}{warmup_note(result)}", ""]
     for tag, block in result["temperatures"].items():
-        lines += [f"## Temperature {tag[1:]}", "", report.markdown(block["entries"], PEER),
+        lines += [f"## Temperature {tag[1:]}", "", report.markdown(block["entries"], PEERS),
                   f"![chart]({stem}_{tag}.png)", ""] + [f"- {line}" for line in
                                                          comparisons(block["entries"], float(tag[1:]))] + [""]
     return "\n".join(lines)

@@ -13,7 +13,11 @@ from pathlib import Path
 
 import torch
 
-TREE_DIR = Path(__file__).resolve().parent.parent / "tree_configs"
+from . import drafting
+from .errors import MissingFile, UsageError, read_text
+
+SHIPPED_TREES = Path(__file__).resolve().parent / "data" / "trees"
+USER_TREES = Path("tree_configs")  # under the working directory: a tree put there is reached by its name
 MAX_NODES = 1024
 
 
@@ -42,28 +46,52 @@ class Tree:
         """Nodes at depth d that have children: the ones the head must run on."""
         return [i for i in self.level(d) if self.children[i]]
 
+    # The topology interface that static, dynamic (dynamic.py) and grafted (lookup.py) trees share.
+    @property
+    def label(self) -> str:
+        return self.name
+
+    @property
+    def fill(self) -> int:
+        """The most children one node draws."""
+        return max(max(map(len, self.children)), 1)
+
+    static = True  # its nodes are fixed before drafting
+    grafted = 0  # prompt-lookup tokens grafted on
+
+    def check_scheme(self, scheme, vocab: int = 1 << 30) -> None:
+        """One-line error unless every internal node's child count is a draft count the scheme can produce."""
+        scheme = drafting.get(scheme)
+        for kids in self.children:
+            if kids:
+                try:
+                    scheme.check(len(kids), vocab)
+                except ValueError as error:
+                    raise UsageError(f"drafter {scheme.name!r} cannot fill tree {self.name!r} "
+                                     f"(a node has {len(kids)} children): {error}") from None
+
 
 def compile_tree(paths, name: str = "custom") -> Tree:
     """Validate a list of paths and build the tree; every problem is a one-line ValueError."""
     if not isinstance(paths, (list, tuple)) or not paths:
-        raise ValueError(f"tree {name!r}: expected a non-empty list of paths such as [[0], [1], [0, 0]]")
+        raise UsageError(f"tree {name!r}: expected a non-empty list of paths such as [[0], [1], [0, 0]]")
     if len(paths) > MAX_NODES:
-        raise ValueError(f"tree {name!r} has {len(paths)} nodes: at most {MAX_NODES} are supported")
+        raise UsageError(f"tree {name!r} has {len(paths)} nodes: at most {MAX_NODES} are supported")
     clean = []
     for path in paths:
         if (not isinstance(path, (list, tuple)) or not path
                 or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in path)):
-            raise ValueError(f"tree {name!r}: path {path!r} must be a non-empty list of non-negative integers")
+            raise UsageError(f"tree {name!r}: path {path!r} must be a non-empty list of non-negative integers")
         clean.append(tuple(path))
     known = set(clean)
     if len(known) != len(clean):
         duplicate = next(p for p in clean if clean.count(p) > 1)
-        raise ValueError(f"tree {name!r}: path {list(duplicate)} appears twice")
+        raise UsageError(f"tree {name!r}: path {list(duplicate)} appears twice")
     for path in clean:
         if len(path) > 1 and path[:-1] not in known:
-            raise ValueError(f"tree {name!r}: path {list(path)} has no parent {list(path[:-1])}: add it")
+            raise UsageError(f"tree {name!r}: path {list(path)} has no parent {list(path[:-1])}: add it")
         if path[-1] > 0 and path[:-1] + (path[-1] - 1,) not in known:
-            raise ValueError(f"tree {name!r}: path {list(path)} has no earlier sibling "
+            raise UsageError(f"tree {name!r}: path {list(path)} has no earlier sibling "
                              f"{list(path[:-1] + (path[-1] - 1,))}: sibling indices must be 0..k-1")
     ordered = sorted(clean, key=lambda p: (len(p), p))
     index = {(): 0} | {p: i + 1 for i, p in enumerate(ordered)}
@@ -83,27 +111,40 @@ def chain(length: int) -> Tree:
 
 
 def names() -> list[str]:
-    return sorted(p.stem for p in TREE_DIR.glob("*.json"))
+    """The trees reached by name: the shipped ones and those in tree_configs/ under the working directory."""
+    return sorted({p.stem for folder in (SHIPPED_TREES, USER_TREES) for p in folder.glob("*.json")})
+
+
+def named(name: str) -> Path | None:
+    """The file of the tree called `name`: a shipped one, else tree_configs/NAME.json; None where neither is (and
+    for a name with a folder in it, which is no name)."""
+    if not name or Path(name).name != name:
+        return None
+    for folder in (SHIPPED_TREES, USER_TREES):
+        if (folder / f"{name}.json").is_file():
+            return folder / f"{name}.json"
+    return None
 
 
 def load(spec: str) -> Tree:
-    """A tree by name (tree_configs/NAME.json), `chainN`, or a path to a JSON file.
+    """A tree by name (shipped, or tree_configs/NAME.json under the working directory), `chainN`, or a path to
+    a JSON file.
 
     The file holds either a list of paths or {"paths": [...], "description": ...}.
     """
     path = Path(spec)
     if path.suffix != ".json":
-        if spec.startswith("chain") and spec[5:].isdigit() and not (TREE_DIR / f"{spec}.json").exists():
+        path = named(spec)
+        if path is None and spec.startswith("chain") and spec[5:].isdigit():
             return chain(int(spec[5:]))
-        path = TREE_DIR / f"{spec}.json"
-        if not path.exists():
-            raise ValueError(f"unknown tree {spec!r}: use one of {', '.join(names())}, chainN, or a .json file")
+        if path is None:
+            raise UsageError(f"unknown tree {spec!r}: use one of {', '.join(names())}, chainN, or a .json file")
     elif not path.exists():
-        raise FileNotFoundError(f"tree file {spec} does not exist")
+        raise MissingFile(f"tree file {spec} does not exist")
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_text(path, "tree file"))
     except json.JSONDecodeError as error:
-        raise ValueError(f"tree file {spec} is not valid JSON: {error.msg} at line {error.lineno}") from None
+        raise UsageError(f"tree file {spec} is not valid JSON: {error.msg} at line {error.lineno}") from None
     paths = data.get("paths") if isinstance(data, dict) else data
     return compile_tree(paths, path.stem)
 

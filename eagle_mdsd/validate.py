@@ -1,8 +1,9 @@
-"""Checks of what a user gives, where it enters: option values, JSON files and the records of JSONL files.
+"""Checks of what a user gives, where it enters: option values and the records of JSONL files.
 
-Each check raises `UsageError` with one line naming the input and the fix.  Record schemas are small dicts of
-field -> `Field`, checked field by field, so that a question, answer or prompt line of an odd type is refused
-when it is read, before it can reach arithmetic, sorting or a model.
+Option checks raise argparse errors, which `Parser` prints as one line naming the input and the fix; files are
+read through `errors.read_text` and `errors.read_json`.  Record schemas are small dicts of field -> `Field`,
+checked field by field, so that a question, answer or prompt line of an odd type is refused when it is read,
+before it can reach arithmetic, sorting or a model.
 """
 
 from __future__ import annotations
@@ -13,10 +14,9 @@ import math
 import re
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
-from .errors import UsageError
+from .errors import type_name
 
 SEED_LIMIT = 2**63  # torch.manual_seed takes a signed 64-bit seed, and a turn's seed is seed + its index
 
@@ -55,50 +55,6 @@ def device_or_auto(text: str) -> str:
     if text == "auto" or text == "cpu" or _CUDA.fullmatch(text):
         return text
     raise argparse.ArgumentTypeError(f"unknown device {text!r}: use cpu, cuda, cuda:N or auto")
-
-
-def read_text(path, what: str, fix: str) -> str:
-    """A text file's contents; a missing, unreadable or undecodable file is a one-line error naming it."""
-    path = Path(path)
-    try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UsageError(f"{what} {path} does not exist: {fix}") from None
-    except IsADirectoryError:
-        raise UsageError(f"{what} {path} is a folder, not a file: {fix}") from None
-    except PermissionError:
-        raise UsageError(f"{what} {path} cannot be read (permission denied): make it readable, or {fix}") from None
-    except UnicodeDecodeError as error:
-        raise UsageError(f"{what} {path} is not UTF-8 text (byte {error.start}): {fix}") from None
-    except OSError as error:
-        raise UsageError(f"{what} {path} cannot be read ({error.strerror or type(error).__name__}): {fix}") from None
-
-
-def read_json(path, what: str, fix: str, kind: type | None = dict):
-    """The JSON value of a file (of type `kind` unless None); a missing, unreadable or malformed file is a
-    one-line error naming it."""
-    text = read_text(path, what, fix)
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise UsageError(f"{what} {path} is not valid JSON ({error.msg} at line {error.lineno}, column "
-                         f"{error.colno}): {fix}") from None
-    except RecursionError:
-        raise UsageError(f"{what} {path} nests too deeply to read: {fix}") from None
-    if kind is not None and not isinstance(value, kind):
-        raise UsageError(f"{what} {path} holds a JSON {type_name(value)}, not an object: {fix}")
-    return value
-
-
-def type_name(value) -> str:
-    """The JSON name of a decoded value's type."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, (int, float)):
-        return "number"
-    return {str: "string", list: "list", dict: "object"}.get(type(value), type(value).__name__)
 
 
 # Checks of one decoded JSON value: True when it is of the kind the field wants.

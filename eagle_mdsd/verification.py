@@ -19,6 +19,7 @@ import torch
 
 from . import drafting
 from .drafting import exclude, top_tokens
+from .errors import UsageError
 
 __all__ = ["Verifier", "VERIFIERS", "get", "names", "compatible", "check_pair", "kseq_rho"]
 
@@ -49,7 +50,7 @@ def _broadcast(p, q, drafts):
     batch = torch.broadcast_shapes(p.shape[:-1], q.shape[:-1], drafts.shape[:-1])
     vocab = p.shape[-1]
     if q.shape[-1] != vocab:
-        raise ValueError(f"p has {vocab} tokens but q has {q.shape[-1]}: both must cover the same vocabulary")
+        raise UsageError(f"p has {vocab} tokens but q has {q.shape[-1]}: both must cover the same vocabulary")
     return (p.expand(batch + (vocab,)), q.expand(batch + (vocab,)),
             drafts.expand(batch + drafts.shape[-1:]))
 
@@ -109,65 +110,27 @@ class RecursiveRejection(Verifier):
         return _mix(drafts, torch.stack(weights, -1), still_rejected, residual)
 
 
-def _solve_rho_row(p: torch.Tensor, q: torch.Tensor, n: int) -> float:
-    """The K-SEQ rho* in [1, n]: root of h(rho) = 1 - (1 - beta)^n - rho * beta.
-
-    beta(rho) = sum_x min(q, p / rho) is piecewise of the form Q_A + P_B / rho,
-    A = {x : p/q >= rho}, the pieces changing where rho crosses a ratio p/q.
-    Eight bisection steps on the full h narrow the bracket [1, n] to 1/128
-    of its width (in the input precision); the few ratios left inside are sorted to find the piece
-    holding the root, and inside it h is an explicit scalar function,
-    bisected to float precision.
-    """
-    if n == 1:
-        return 1.0
-    ratio = torch.where(q > 0, p / q.clamp_min(torch.finfo(q.dtype).tiny), 0.0)
-
-    def h_coarse(rho):
-        beta = float(torch.minimum(q, p / rho).sum())
-        return 1.0 - (1.0 - beta) ** n - rho * beta
-
-    lo, hi = 1.0, float(n)
-    steps = 8 if p.shape[-1] > 64 else 0
-    for _ in range(steps):
-        mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if h_coarse(mid) >= 0 else (lo, mid)
-    if steps:  # a margin of one width absorbs rounding of h in low precision
-        width = hi - lo
-        lo, hi = max(1.0, lo - width), min(float(n), hi + width)
-    inside = ((ratio > lo) & (ratio < hi)).nonzero().squeeze(-1)
-    above = ratio >= hi
-    p_in, q_in = p[inside].double(), q[inside].double()
-    r_in, order = torch.sort(p_in / q_in, descending=True)
-    q_in, p_in = q_in[order], p_in[order]
-    zero = r_in.new_zeros(1)
-    p_b0 = float(torch.where(q > 0, p, 0.0).sum(dtype=torch.float64)) - float((p * above).sum(dtype=torch.float64))
-    q_a = float((q * above).sum(dtype=torch.float64)) + torch.cat([zero, q_in.cumsum(0)])
-    p_b = p_b0 - torch.cat([zero, p_in.cumsum(0)])
-    # Piece k: A = the tokens above plus the k largest ratios inside, rho in [low[k], high[k]].
-    high = torch.cat([r_in.new_tensor([hi]), r_in])
-    low = torch.cat([r_in, r_in.new_tensor([lo])])
-    beta_low = q_a + p_b / low
-    h_low = 1.0 - (1.0 - beta_low) ** n - low * beta_low
-    nonneg = h_low >= 0
-    k = int(nonneg.to(torch.int8).argmax()) if bool(nonneg.any()) else len(low) - 1
-    q_ak, p_bk = float(q_a[k]), float(p_b[k])
-    lo, hi = float(low[k]), float(high[k])
-    for _ in range(100):
-        mid = 0.5 * (lo + hi)
-        if mid in (lo, hi):
-            break
-        beta = q_ak + p_bk / mid
-        lo, hi = (mid, hi) if 1.0 - (1.0 - beta) ** n - mid * beta >= 0 else (lo, mid)
-    return 0.5 * (lo + hi)
+# Halvings of [1, n] in kseq_rho: the root is within (n - 1) / 2**RHO_STEPS of the returned rho, below float64's
+# resolution for n < 2**10.
+RHO_STEPS = 64
 
 
 def kseq_rho(p: torch.Tensor, q: torch.Tensor, n: int) -> torch.Tensor:
-    """rho* for every node of a batch (p, q: [..., V]); float64 tensor of the batch shape."""
-    flat_p = p.detach().reshape(-1, p.shape[-1])
-    flat_q = q.detach().reshape(-1, q.shape[-1])
-    rho = [_solve_rho_row(pr, qr, n) for pr, qr in zip(flat_p, flat_q)]
-    return torch.tensor(rho, dtype=torch.float64, device=p.device).reshape(p.shape[:-1])
+    """rho* for every node of a batch (p, q: [..., V]); float64 tensor of the batch shape.  RHO_STEPS bisection
+    steps of h(rho) = 1 - (1 - beta)^n - rho beta over [1, n], all rows at once in float64 (h(1) >= 0 >= h(n),
+    one sign change): tensor ops only, no host decision, so it runs inside a CUDA graph."""
+    p, q = p.detach().double(), q.detach().double()
+    batch = torch.broadcast_shapes(p.shape[:-1], q.shape[:-1])
+    lo = torch.ones(batch, dtype=torch.float64, device=p.device)
+    if n == 1:
+        return lo
+    hi = torch.full_like(lo, float(n))
+    for _ in range(RHO_STEPS):
+        mid = 0.5 * (lo + hi)
+        beta = torch.minimum(q, p / mid.unsqueeze(-1)).sum(-1)
+        up = 1.0 - (1.0 - beta) ** n - mid * beta >= 0
+        lo, hi = torch.where(up, mid, lo), torch.where(up, hi, mid)
+    return 0.5 * (lo + hi)
 
 
 def kseq_beta(p: torch.Tensor, q: torch.Tensor, rho: torch.Tensor) -> torch.Tensor:
@@ -242,7 +205,7 @@ class SpecHubVerifier(Verifier):
 
     def _plan(self, p, q, drafts):
         if drafts.shape[-1] != 2:
-            raise ValueError(f"spechub verifies exactly 2 drafts per node, got {drafts.shape[-1]}")
+            raise UsageError(f"spechub verifies exactly 2 drafts per node, got {drafts.shape[-1]}")
         a = top_tokens(q, 1)
         a_mask = torch.zeros_like(q, dtype=torch.bool).scatter_(-1, a, True)
         rest = exclude(q, a_mask)
@@ -302,7 +265,7 @@ def get(name: str | Verifier) -> Verifier:
     try:
         return VERIFIERS[name]
     except KeyError:
-        raise ValueError(f"unknown verifier {name!r}: choose one of {', '.join(VERIFIERS)}") from None
+        raise UsageError(f"unknown verifier {name!r}: choose one of {', '.join(VERIFIERS)}") from None
 
 
 def compatible(scheme, verifier) -> bool:
@@ -315,7 +278,7 @@ def check_pair(scheme, verifier) -> None:
     s, v = drafting.get(scheme), get(verifier)
     if s.name not in v.schemes:
         valid = [name for name, ver in VERIFIERS.items() if s.name in ver.schemes]
-        raise ValueError(
+        raise UsageError(
             f"verifier {v.name!r} is not lossless for {s.name!r} drafts: use one of {', '.join(valid)}"
         )
 

@@ -2,23 +2,23 @@
 
 A user who wants transformers to run faster on a CPU can compile it:
 `generate(..., cache_implementation="static", compile_config=...)` compiles
-the model's forward with inductor. Is the engine's lead over `generate` just
-that?  On the first turns of N MT-Bench questions spread over the categories
-(the main benchmark's pick, default 8), 128 new tokens, bf16, T = 0 (greedy)
+the model's forward with inductor (the benchmark's `hf_compiled` method,
+peers.CompiledPeer). Is the engine's lead over `generate` just that?  On
+the first turns of N MT-Bench questions spread over the categories (the main
+benchmark's pick, default 8), 128 new tokens, bf16, T = 0 (greedy)
 and T = 1 (plain sampling, seeded by question), these arms answer question by
 question in turn: stock `generate`, compiled `generate`, the engine's plain
 decoding (`baseline`) and EAGLE with the shipped head on chain2 and (T = 0)
-eagle_default, as the main benchmark runs them.  The compiled arm is warmed
-up first on three prompts of other lengths (the second length makes inductor
-recompile with dynamic shapes); its warm-up time is reported, not counted.
+eagle_default, as the main benchmark runs them.  The compiled arm compiles
+and allocates its static cache for the longest prompt first, then answers
+three other prompts; that warm-up time is reported, not counted.
 Writes evaluation/results/compiled_peer_<date>.md.
 
     .venv/bin/python evaluation/compiled_peer.py [--questions 8] [--freezing]
 
 `--freezing` also turns on inductor's freezing pass (its own oneDNN weight
-packing); with torch 2.13.0 and transformers 5.23.0 on a 2-core AMD EPYC the
-compiled forward then stops with an index out of bounds in its fused cache
-update, so the measured page has no such row.
+packing), which can stop the compiled forward in its fused cache update
+(evaluation/results/compiled_peer_*.md).
 """
 
 from __future__ import annotations
@@ -28,32 +28,11 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import CompileConfig
 
 from eagle_mdsd import benchmarks, models, peers, questions, suite, tree
 from eagle_mdsd import head as head_module
 
 STOCK, COMPILED = "transformers `generate`", "`generate`, static cache + torch.compile"
-
-
-def cpu_compile_config() -> CompileConfig:
-    """inductor in its default mode; transformers compiles `generate`'s forward on a CPU only when asked this way."""
-    config = CompileConfig(fullgraph=False, dynamic=None, mode="default")
-    config._compile_all_devices = True
-    return config
-
-
-def compiled_generate(target, eos, prompt_ids, max_new_tokens, temperature, seed, compile_config):
-    """(new token ids up to the first EOS, seconds) of transformers' generate as the hf_generate peer calls it,
-    but with a static cache and its forward compiled as `compile_config` says."""
-    config = peers.TransformersPeer(target, eos).generation_config(max_new_tokens, temperature, "hf_generate")
-    config.cache_implementation, config.compile_config = "static", compile_config
-    prompt = torch.tensor([prompt_ids], device=target.device)
-    torch.manual_seed(seed)
-    start = time.perf_counter()
-    with torch.inference_mode():
-        output = target.generate(prompt, attention_mask=torch.ones_like(prompt), generation_config=config)
-    return output[0, prompt.shape[1]:].tolist(), time.perf_counter() - start  # batch 1: generate stops at EOS
 
 
 def main() -> None:
@@ -67,30 +46,30 @@ def main() -> None:
     torch._inductor.config.freezing = args.freezing
     target, tokenizer = models.load_target(None, torch.bfloat16)
     draft_head = head_module.load_head(models.DEFAULT_HEAD, target)
-    eos = models.eos_token_ids(target, tokenizer)
-    compile_config = cpu_compile_config()
     mt_bench = questions.load("mt_bench")
     chosen = suite.spread(mt_bench, args.questions)
     prompts = [models.chat_prompt_ids(tokenizer, q["turns"][0]) for q in chosen]
     warmup_prompts = [models.chat_prompt_ids(tokenizer, q["turns"][0]) for q in mt_bench if q not in chosen][-3:]
     stock = suite.make_runner("hf_generate", target, tokenizer)
+    compiled = suite.make_runner(peers.COMPILED, target, tokenizer)
     baseline = suite.make_runner("baseline", target, tokenizer)
     chain2, default = (suite.make_runner("eagle", target, tokenizer, draft_head, tree.load(name))
                        for name in ("chain2", "eagle_default"))
     sampler = suite.make_runner("eagle", target, tokenizer, draft_head, tree.load("chain2"),
                                 *suite.SAMPLING_PAIR.split("/"))
-    common = [(STOCK, stock, "hf_generate"), (COMPILED, None, None), ("baseline (our loop)", baseline, "baseline")]
+    common = [(STOCK, stock, "hf_generate"), (COMPILED, compiled, peers.COMPILED),
+              ("baseline (our loop)", baseline, "baseline")]
     arms = {0.0: common + [("EAGLE chain2 (top-k drafts)", chain2, "eagle"),
                            ("EAGLE eagle_default (top-k drafts)", default, "eagle")],
             1.0: common + [("EAGLE chain2 (sampled drafts, rrs_wo)", sampler, "eagle")]}
 
     start = time.perf_counter()
+    compiled.prepare(max(map(len, prompts + warmup_prompts)) + args.max_new_tokens)
     for prompt in warmup_prompts:
-        compiled_generate(target, eos, prompt, args.max_new_tokens, 0.0, 0, compile_config)
+        compiled.generate(prompt, args.max_new_tokens, 0.0, 0)
     warmup = time.perf_counter() - start
     print(f"compiled generate warm-up: {warmup:.0f} s", flush=True)
-    for runner, method in dict.fromkeys((runner, method)
-                                            for _, runner, method in arms[0.0] + arms[1.0] if runner is not None):
+    for runner, method in dict.fromkeys((runner, method) for _, runner, method in arms[0.0] + arms[1.0]):
         runner.generate(warmup_prompts[0], 16, 0.0, 0, method)  # first calls set up kernels
 
     rows = []
@@ -98,13 +77,8 @@ def main() -> None:
         tokens, seconds = {}, {}
         for index, prompt in enumerate(prompts):
             for label, runner, method in runs:
-                if runner is None:
-                    answer, wall = compiled_generate(target, eos, prompt, args.max_new_tokens, temperature, index,
-                                                     compile_config)
-                    new = len(answer)
-                else:
-                    result = runner.generate(prompt, args.max_new_tokens, temperature, index, method)
-                    new, wall = result.new_tokens, result.wall_time_s
+                result = runner.generate(prompt, args.max_new_tokens, temperature, index, method)
+                new, wall = result.new_tokens, result.wall_time_s
                 tokens[label] = tokens.get(label, 0) + new
                 seconds[label] = seconds.get(label, 0.0) + wall
         stock_speed, compiled_speed = (tokens[label] / seconds[label] for label in (STOCK, COMPILED))

@@ -1,28 +1,34 @@
-"""A decoding cycle against a plain step on a target of a real shape, and how busy it keeps the device.
+"""Steps and cycles on a target of a real shape with random weights, and how busy they keep the device.
 
-The target is a Llama built on the device with random weights (no download): `vicuna7b` has
-Vicuna-7B's shape (hidden 4096, 32 layers, 32 heads, vocabulary 32000), `tiny` a small one for trying
-the script on a CPU; the head is a random EAGLE-1 head.  A forward costs what the real model's costs,
-so the milliseconds are real; the random head's drafts are seldom accepted, so tau is not.  Rows, in
-one process, each the median of REPEATS calls of TOKENS new tokens after a PROMPT-token prompt, the
-prefill subtracted:
+The target is a Llama built on the device with random weights (no download): `smollm2` has the embedded
+default's shape (SmolLM2-135M: hidden 576, 30 layers, vocabulary 49152, tied embeddings) and drafts with the
+shipped head over its draft vocabulary, as the benchmark does; `vicuna7b` has Vicuna-7B's (hidden 4096, 32
+layers, vocabulary 32000) and a random EAGLE-1 head; `tiny` is a small one for trying the script on a CPU.  A
+forward costs what the real model's costs, so the milliseconds are real; the drafts of a random target are seldom
+accepted, so tau is not.  Rows, in one process, each the median of REPEATS calls of TOKENS new tokens after a
+PROMPT-token prompt, the prefill subtracted (a call of 1 token timed beside each):
 
-- ms per plain step of our loop, and per eagle_default cycle, with CUDA graphs on (where the device is
-  CUDA) and off;
-- ms per step of transformers `generate` (greedy, its default cache);
-- the cycle over the plain step, ours and `generate`'s.
+- ms per step of our plain loop, of transformers `generate` (eager) and of `hf_compiled` (static cache and
+  torch.compile; its compile and warm-up seconds apart);
+- ms per cycle of EAGLE on each tree at each temperature, with the benchmark's drafter and verifier there;
+- the weight-read floor: the bytes a step reads (the weights; the KV cache is small at these lengths) over the
+  device's copy bandwidth, measured here;
+- with --profile on CUDA, the share of the wall time the GPU is busy (kernel time over elapsed, torch's
+  profiler) in a plain step and an eagle_default cycle;
+- with --tau-from RESULT.json (a benchmark's result), projected tokens/s: that run's tau for the row's method over
+  these ms per cycle, a projection and labelled so.
 
-With --profile on CUDA, torch's profiler over a few cycles gives the share of the wall time the GPU is
-busy (the sum of kernel times over the elapsed time).
+The page is rewritten after every row, so a call cut short keeps what was timed.
 
     python evaluation/gpu_cycle.py [--shape vicuna7b] [--device cuda] [--tokens 64] [--out DIR]
 
-Writes DIR/gpu_cycle.md (default runs/gpu_cycle/DATE_HOST_TIME/).
+Writes DIR/gpu_cycle_SHAPE.md (default runs/gpu_cycle/DATE_HOST_TIME/).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import socket
 import statistics
 import subprocess
@@ -35,24 +41,34 @@ import torch
 import transformers
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from eagle_mdsd import benchmarks, engine, head, tree
+from eagle_mdsd import benchmarks, engine, head, models, peers, suite
 
 SHAPES = {
+    "smollm2": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                    num_key_value_heads=3, vocab_size=49152, max_position_embeddings=8192, rope_theta=100000.0,
+                    tie_word_embeddings=True),
     "vicuna7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
-                     num_key_value_heads=32, vocab_size=32000, max_position_embeddings=2048),
+                     num_key_value_heads=32, vocab_size=32000, max_position_embeddings=2048,
+                     tie_word_embeddings=False),
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
-                 num_key_value_heads=2, vocab_size=512, max_position_embeddings=2048),
+                 num_key_value_heads=2, vocab_size=512, max_position_embeddings=2048, tie_word_embeddings=False),
 }
+TREES = ("eagle_default", "chain2", "eagle2")
 
 
 def random_target(shape: str, device: str, dtype: torch.dtype):
     """A Llama of the named shape with random weights, made on the device (seconds, not a download)."""
     torch.manual_seed(0)
-    config = LlamaConfig(**SHAPES[shape], tie_word_embeddings=False)
+    config = LlamaConfig(**SHAPES[shape])
     with torch.device(device):
         model = LlamaForCausalLM._from_config(config, dtype=dtype)
     model.generation_config.eos_token_id = None
     return model.eval()
+
+
+def draft_head_for(shape: str, target):
+    """The shipped head on the embedded default's shape (so drafts cost what the benchmark's cost), else random."""
+    return head.load_head(models.DEFAULT_HEAD, target) if shape == "smollm2" else head.random_head(target)
 
 
 def synchronise(device: str) -> None:
@@ -75,19 +91,42 @@ def per_cycle_ms(call, tokens: int, repeats: int, device: str) -> tuple[float, i
     return 1000 * statistics.median(samples), cycles
 
 
-def busy_share(decoder, prompt, tokens: int) -> float:
-    """The GPU's kernel time over the wall time of a call, from torch's profiler."""
+def busy_share(call) -> float:
+    """The GPU's kernel time over the wall time of call(), from torch's profiler."""
     from torch.profiler import ProfilerActivity, profile
 
-    decoder.generate(prompt, tokens, 0.0)
+    call()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         start = time.perf_counter()
-        decoder.generate(prompt, tokens, 0.0)
+        call()
         torch.cuda.synchronize()
         wall = time.perf_counter() - start
     kernels = sum(event.self_device_time_total for event in prof.key_averages())
     return kernels / 1e6 / wall
+
+
+def copy_bandwidth(device: str, megabytes: int) -> float:
+    """Bytes per second a device-to-device copy moves (read and write counted), the best of 5."""
+    source = torch.empty(megabytes << 20, dtype=torch.uint8, device=device)
+    target = torch.empty_like(source)
+    best = float("inf")
+    for _ in range(5):
+        synchronise(device)
+        start = time.perf_counter()
+        target.copy_(source)
+        synchronise(device)
+        best = min(best, time.perf_counter() - start)
+    return 2 * source.numel() / best
+
+
+def step_bytes(target) -> int:
+    """The bytes of weights a one-token step reads: every parameter, but of an untied input embedding one row."""
+    total = sum(p.numel() * p.element_size() for p in target.parameters())
+    embedding = target.get_input_embeddings().weight
+    if embedding.data_ptr() != target.get_output_embeddings().weight.data_ptr():
+        total -= (embedding.shape[0] - 1) * embedding.shape[1] * embedding.element_size()
+    return total
 
 
 def gpu_facts(device: str) -> str:
@@ -101,6 +140,23 @@ def gpu_facts(device: str) -> str:
     return f"{torch.cuda.get_device_name()}, driver {driver}, CUDA {torch.version.cuda}"
 
 
+def measured_tau(result_file: Path | None) -> dict:
+    """{(row label, T): tau} from a benchmark's result JSON: EAGLE's trees, baseline and hf_generate."""
+    if result_file is None:
+        return {}
+    result = json.loads(Path(result_file).read_text())
+    taus = {}
+    for tag, block in result["temperatures"].items():
+        for entry in block["entries"]:
+            label = entry["label"]
+            tree = label[6:-1].split(":")[0] if label.startswith("eagle[") else None
+            name = {"baseline": "ours, plain step", "hf_generate": "transformers `generate` (eager), step"}.get(
+                label, f"ours, {tree} cycle" if tree else None)
+            if name:
+                taus[name, float(tag[1:])] = entry["categories"]["all"]["tau"]
+    return taus
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", choices=sorted(SHAPES), default="vicuna7b")
@@ -109,83 +165,122 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=128, help="prompt tokens (default 128)")
     parser.add_argument("--tokens", type=int, default=64, help="new tokens a timed call (default 64)")
     parser.add_argument("--repeats", type=int, default=3, help="timed calls a row (default 3)")
-    parser.add_argument("--profile", action="store_true", help="also the GPU's busy share of a call (CUDA)")
+    parser.add_argument("--temperatures", default="0,1", help="EAGLE's cycles at these temperatures (default 0,1)")
+    parser.add_argument("--trees", nargs="+", default=list(TREES), help="EAGLE's trees (default: %(default)s)")
+    parser.add_argument("--no-compiled", action="store_true", help="skip hf_compiled (its compile takes a while)")
+    parser.add_argument("--profile", action="store_true", help="also the GPU's busy share (CUDA)")
+    parser.add_argument("--tau-from", type=Path, help="a benchmark's result JSON: projected tokens/s from its tau")
     parser.add_argument("--out", type=Path, help="folder for the page (default runs/gpu_cycle/DATE_HOST_TIME)")
     args = parser.parse_args()
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit("error: --device cuda but torch sees no CUDA device: use --device cpu (with --shape tiny)")
+    if args.tau_from is not None and not args.tau_from.is_file():
+        raise SystemExit(f"error: --tau-from {args.tau_from} is no file: give a benchmark's result JSON")
+    temperatures = [float(t) for t in args.temperatures.split(",")]
     stamp = datetime.now()
     out = args.out or Path("runs/gpu_cycle") / f"{stamp:%Y-%m-%d}_{socket.gethostname()}_{stamp:%H%M%S}"
+    page = out / f"gpu_cycle_{args.shape}.md"
     dtype = getattr(torch, args.dtype)
     start = time.perf_counter()
     target = random_target(args.shape, args.device, dtype)
-    draft_head = head.random_head(target)
+    draft_head = draft_head_for(args.shape, target)
     build_s = time.perf_counter() - start
+    cuda = torch.device(args.device).type == "cuda"
+    weights = step_bytes(target)
+    bandwidth = copy_bandwidth(args.device, 1024 if cuda else 128)
+    floor_ms = 1000 * weights / bandwidth
+    taus = measured_tau(args.tau_from)
     prompt = torch.randint(3, target.config.vocab_size, (args.prompt,), generator=torch.Generator().manual_seed(1))
     prompt = prompt.tolist()
-    cuda = torch.device(args.device).type == "cuda"
-    best = "auto" if cuda else "off"
-    rows = {}
+    rows = {}  # label -> (ms, cycles, warm-up s, note)
+    shares = {}
 
-    def write_page(share=None) -> None:
+    def write_page() -> None:
         """The page with the rows timed so far (rewritten after each, so a call cut short still leaves one)."""
-        lines = [f"# One decoding cycle against a plain step, {args.shape}-shaped target, {stamp:%Y-%m-%d}", "",
+        lines = [f"# Steps and cycles, {args.shape}-shaped target with random weights, {stamp:%Y-%m-%d}", "",
                  f"Machine: {benchmarks.machine_line(benchmarks.machine(args.device))}; {gpu_facts(args.device)}; "
                  f"transformers {transformers.__version__}.", "",
                  f"Command: `python evaluation/gpu_cycle.py {' '.join(sys.argv[1:])}`", "",
                  f"Random {args.dtype} weights of the {args.shape} shape ({SHAPES[args.shape]}), built on the device "
-                 f"in {build_s:.1f} s; a random EAGLE-1 head; a {args.prompt}-token prompt, {args.tokens} new tokens "
-                 f"a call at T = 0, the median of {args.repeats} calls with the prefill subtracted. Warm-up: the first "
-                 "call of each decoder, where CUDA graphs are captured (not timed).", "",
-                 "| what | ms per cycle | cycles a call | warm-up s |", "|---|---|---|---|"]
-        lines += [f"| {name} | {ms:.2f} | {cycles} | {warm:.1f} |" for name, (ms, cycles, warm) in rows.items()]
-        hf = rows.get("transformers `generate`, step", (None,))[0]
-        plain = rows.get(f"ours, plain step, CUDA graphs {best}", (None,))[0]
-        cycle = rows.get(f"ours, eagle_default cycle, CUDA graphs {best}", (None,))[0]
-        if plain and cycle:
-            lines += ["", f"An eagle_default cycle over our plain step: **{cycle / plain:.2f}x** (CUDA graphs {best})."]
-        if hf and plain and cycle:
-            lines += [f"Over a `generate` step: **{cycle / hf:.2f}x**; our plain step over `generate`'s: "
-                      f"{plain / hf:.2f}x."]
-        if share is not None:
-            lines += ["", f"GPU busy (kernel time over wall time, torch.profiler, one call of {args.tokens} tokens, "
-                      f"eagle_default, graphs auto): **{100 * share:.0f}%**."]
+                 f"in {build_s:.1f} s; {'the shipped head' if args.shape == 'smollm2' else 'a random EAGLE-1 head'}; "
+                 f"a {args.prompt}-token prompt, {args.tokens} new tokens a call, the median of {args.repeats} calls "
+                 "with the prefill subtracted. Warm-up: each method's first full call (CUDA graphs captured, "
+                 "hf_compiled compiled), not timed. The drafts of a random target are seldom accepted: the ms are "
+                 "real, tau is not.", "",
+                 f"Weight-read floor: {weights / 1e6:.1f} MB a step over {bandwidth / 1e9:.0f} GB/s (a device copy's "
+                 f"bandwidth, measured here) = **{floor_ms:.3f} ms** a step.", ""]
+        projected = any((name.split(", T = ")[0], t) in taus for name, (_, _, _, t) in rows.items())
+        lines += ["| what | ms per step or cycle | over the floor | cycles a call | warm-up s |"
+                  + (" projected tokens/s |" if projected else ""),
+                  "|---|---|---|---|---|" + ("---|" if projected else "")]
+        for name, (ms, cycles, warm, t) in rows.items():
+            tau = taus.get((name.split(", T = ")[0], t))
+            lines.append(f"| {name} | {ms:.2f} | {ms / floor_ms:.2f}x | {cycles} | {warm:.1f} |"
+                         + ((f" {1000 * tau / ms:.0f} (tau {tau:.2f}) |" if tau else " - |") if projected else ""))
+        if projected:
+            lines += ["", f"Projected tokens/s (a projection, not a measurement): the tau that "
+                      f"`{args.tau_from}` measured for the row's method and temperature over the ms above."]
+        plain = rows.get("ours, plain step", (None,))[0]
+        eager = rows.get("transformers `generate` (eager), step", (None,))[0]
+        compiled = rows.get("hf_compiled, step", (None,))[0]
+        if plain and eager:
+            lines += ["", f"Our plain step over `generate`'s: {plain / eager:.2f}x"
+                      + (f"; over hf_compiled's: **{plain / compiled:.2f}x**." if compiled else ".")]
+        for name, share in shares.items():
+            lines.append(f"GPU busy in {name} (kernel time over wall time, torch.profiler, one call of "
+                         f"{args.tokens} tokens): **{100 * share:.0f}%**.")
         out.mkdir(parents=True, exist_ok=True)
-        (out / "gpu_cycle.md").write_text("\n".join(lines) + "\n")
+        page.write_text("\n".join(lines) + "\n")
 
+    def timed(name: str, call, t: float = 0.0, warm_s: float | None = None) -> None:
+        """One row: call(n) answers n tokens and returns its cycles; its first call warms up, untimed."""
+        if warm_s is None:
+            begun = time.perf_counter()
+            call(args.tokens)
+            warm_s = time.perf_counter() - begun
+        ms, cycles = per_cycle_ms(call, args.tokens, args.repeats, args.device)
+        label = name if name.endswith("step") else f"{name}, T = {t:g}"
+        rows[label] = (ms, cycles, warm_s, t)
+        print(f"{label}: {ms:.2f} ms ({cycles} cycles; warm-up {warm_s:.1f} s)", flush=True)
+        write_page()
+
+    write_page()
     prompt_tensor = torch.tensor([prompt], device=args.device)
+    plain = engine.Decoder(target)
+    timed("ours, plain step", lambda n: plain.generate(prompt, n, 0.0, method="baseline").cycles)
 
-    def hf_call(n):
+    def eager_call(n):
         with torch.inference_mode():
             target.generate(prompt_tensor, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
         return max(n - 1, 1)
 
-    hf_call(4)  # the reference first: a call cut short still has it
-    hf_ms, _ = per_cycle_ms(hf_call, args.tokens, args.repeats, args.device)
-    rows["transformers `generate`, step"] = (hf_ms, args.tokens - 1, 0.0)
-    print(f"generate step: {hf_ms:.2f} ms", flush=True)
-    write_page()
-    for graphs in (("auto", "off") if cuda else ("off",)):
-        plain = engine.Decoder(target, cuda_graphs=graphs)
-        cycle = engine.Decoder(target, draft_head, tree.load("eagle_default"), cuda_graphs=graphs)
-        for name, decoder, method in (("plain step", plain, "baseline"), ("eagle_default cycle", cycle, "eagle")):
-            captured = time.perf_counter()
-            decoder.generate(prompt, args.tokens, 0.0, method=method)  # warm-up: graphs captured here
-            warm_s = time.perf_counter() - captured
-
-            def call(n, decoder=decoder, method=method):
-                return decoder.generate(prompt, n, 0.0, method=method).cycles
-
-            ms, cycles = per_cycle_ms(call, args.tokens, args.repeats, args.device)
-            rows[f"ours, {name}, CUDA graphs {graphs}"] = (ms, cycles, warm_s)
-            print(f"ours {name} graphs {graphs}: {ms:.2f} ms ({cycles} cycles; warm-up {warm_s:.1f} s)", flush=True)
-            write_page()
-    share = None
+    timed("transformers `generate` (eager), step", eager_call)
+    sampled = tuple(suite.SAMPLING_PAIR.split("/"))
+    setups = suite.benchmark_setups(args.trees, "topk", "topk", sampled)
+    for t in temperatures:
+        for setup in setups:
+            tree_name, topology, drafter, verifier = setup[t > 0]
+            decoder = engine.Decoder(target, draft_head, topology, drafter, verifier, draft_vocab="auto")
+            name = f"ours, {tree_name.split(':')[0]} cycle"
+            timed(name, lambda n, d=decoder, t=t: d.generate(prompt, n, t, method="eagle").cycles, t)
+    if not args.no_compiled:
+        compiled = peers.CompiledPeer(target, [], cache_tokens=args.prompt + args.tokens)
+        warm_s = compiled.prepare()
+        begun = time.perf_counter()
+        compiled.generate(prompt, args.tokens, 0.0)
+        warm_s += time.perf_counter() - begun
+        timed("hf_compiled, step", lambda n: max(compiled.generate(prompt, n, 0.0).new_tokens - 1, 1), warm_s=warm_s)
     if args.profile and cuda:
-        share = busy_share(engine.Decoder(target, draft_head, tree.load("eagle_default")), prompt, args.tokens)
-    write_page(share)
-    print((out / "gpu_cycle.md").read_text())
-    print(f"wrote {out / 'gpu_cycle.md'}")
+        shares["our plain step"] = busy_share(lambda: plain.generate(prompt, args.tokens, 0.0, method="baseline"))
+        write_page()
+        default = next((s[False] for s in setups if s[False][0] == "eagle_default"), None)
+        if default is not None:
+            decoder = engine.Decoder(target, draft_head, default[1], draft_vocab="auto")
+            shares["an eagle_default cycle, T = 0"] = busy_share(
+                lambda: decoder.generate(prompt, args.tokens, 0.0, method="eagle"))
+        write_page()
+    print(page.read_text())
+    print(f"wrote {page}")
 
 
 if __name__ == "__main__":

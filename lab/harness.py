@@ -1,7 +1,6 @@
 """What the lab's scripts share, so that each script holds only its own question.
 
-- Where things go: pages under evaluation/results/, answer files under evaluation/answers/; evaluation/'s
-  scripts import as libraries (long_answers).
+- Where things go: pages under evaluation/results/, answer files under evaluation/answers/.
 - The embedded default: the target (with its pad id), the shipped head, the MT-Bench first turns.
 - The head pilots: their command line, data shards and held-out sets, the training loop, the depth-1 scores,
   the arms run in turn with one result line each (a rerun skips finished arms), and their pages.
@@ -16,7 +15,6 @@ import datetime
 import json
 import math
 import random
-import sys
 import time
 from pathlib import Path
 from typing import Callable
@@ -30,8 +28,6 @@ from eagle_mdsd.engine import additive_mask
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "evaluation" / "results"
 ANSWERS = ROOT / "evaluation" / "answers"
-if str(ROOT / "evaluation") not in sys.path:  # a script run as `python lab/NAME.py` sees lab/ only
-    sys.path.append(str(ROOT / "evaluation"))
 
 MT_BENCH = "runs/fused/mt_bench_first_turns.pt"  # the MT-Bench set fused_features_pilot.py writes
 LOW, MID = 2, 15  # EAGLE-3 takes layers 2, L/2 and L-3; SmolLM2-135M has 30, and we keep the final feature too

@@ -1,7 +1,7 @@
 """Pilot: a finishing epoch on long answers, where the target repeats itself, against the same answers cut at 128.
 
 In long MT-Bench answers the target soon repeats itself, and the shipped head
-drafts those repeats far below a copier's tau (evaluation/long_answers.py).
+drafts those repeats far below a copier's tau (lab/long_answers.py).
 Its training answers stop at 128 tokens, where repeats are rare.  This takes
 a data run whose answers go on longer (`train-head data --max-new-tokens
 512`), copies it with every answer cut at its first 128 tokens (the same
@@ -12,7 +12,7 @@ eagle_default, 128 new tokens a turn (the goal's setting), after the shipped
 head itself, one after the other in one process.  Writes
 evaluation/results/long_data_pilot_<date>.md with tau, tau per question
 against the shipped head, and tau of the cycles that start inside a repeat
-against the others (evaluation/long_answers.py).
+against the others (lab/long_answers.py).
 
     eagle-mdsd train-head data --run runs/long_pilot --max-prompts 768 --max-new-tokens 512 --batch-size 128 --seed 3
     .venv/bin/python lab/long_data_pilot.py --data runs/long_pilot --work runs/long_data_pilot
@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 import harness
-import long_answers  # evaluation/long_answers.py, importable through the harness
+import long_answers
 from eagle_mdsd import bench, cli, models, report
 
 FINISHING_EPOCH = ["--epochs", "1", "--lr", "3e-4", "--tokens-per-batch", "4096", "--draft-vocab", "8192",

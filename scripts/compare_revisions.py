@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import datetime
 import importlib
 import subprocess
@@ -23,8 +24,7 @@ import tempfile
 from io import BytesIO
 from pathlib import Path
 
-from eagle_mdsd import bench, benchmarks, dynamic, engine, head, models, questions
-from eagle_mdsd.tree import Tree
+from eagle_mdsd import bench, benchmarks, dynamic, engine, head, lookup, models, questions
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -44,12 +44,27 @@ def engine_at(revision: str, folder: Path):
     return importlib.import_module(f"{package}.engine")
 
 
+def same_tree(old_engine, topology):
+    """The topology as the revision's own classes (its engine tells dynamic and lookup trees by class); a static
+    tree is read through its fields alone."""
+    package = old_engine.__name__.rpartition(".")[0]
+    if isinstance(topology, lookup.LookupTree):
+        return importlib.import_module(f"{package}.lookup").LookupTree(same_tree(old_engine, topology.base),
+                                                                      topology.tokens)
+    if isinstance(topology, dynamic.DynamicTree):
+        return importlib.import_module(f"{package}.dynamic").DynamicTree(**dataclasses.asdict(topology))
+    return topology
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("revision", help="a git revision of this repository (commit, tag, branch)")
     parser.add_argument("--questions", type=int, default=8, help="MT-Bench first turns, one per 10 question ids")
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
-    parser.add_argument("--tree", default="eagle_default", help="a static tree of tree_configs/")
+    parser.add_argument("--tree", default="eagle_default",
+                        help="a tree as --tree takes it: static, dynamic (eagle2, opt_tree) or TREE+lookup")
+    parser.add_argument("--static-shapes", action="store_true",
+                        help="the working tree on static caches, as with CUDA graphs (its greedy cycle on the device)")
     parser.add_argument("--method", choices=["eagle", "baseline"], default="eagle",
                         help="baseline: the engines' plain decoding (no head, no tree)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
@@ -67,11 +82,9 @@ def main() -> None:
         tree = dynamic.load(args.tree)
     except (ValueError, FileNotFoundError) as error:
         parser.error(str(error))
-    if not isinstance(tree, Tree):  # the two engines' dynamic-tree classes are not the same class
-        parser.error(f"--tree {args.tree}: compare revisions on a static tree (tree_configs/ or chainN)")
     dtype = models.parse_dtype(args.dtype)
     date = datetime.date.today().isoformat()
-    name = args.name or f"engine_vs_{args.revision}_{date}_{args.dtype}"
+    name = args.name or f"engine_vs_{args.revision}_{date}_{args.dtype}_{args.tree.replace('/', '_')}"
 
     target, tokenizer = models.load_target(None, dtype, "cpu")
     draft_head = head.load_head(models.DEFAULT_HEAD, target)
@@ -79,9 +92,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         old_engine = engine_at(args.revision, Path(folder))
         old_target, old_head = copy.deepcopy(target), copy.deepcopy(draft_head)  # packed by that revision's kernels
-        decoders = {args.revision: old_engine.Decoder(old_target, old_head, tree, eos_token_ids=eos,
-                                                      draft_vocab="auto"),
-                    "working tree": engine.Decoder(target, draft_head, tree, eos_token_ids=eos, draft_vocab="auto")}
+        decoders = {args.revision: old_engine.Decoder(old_target, old_head, same_tree(old_engine, tree),
+                                                      eos_token_ids=eos, draft_vocab="auto"),
+                    "working tree": engine.Decoder(target, draft_head, tree, eos_token_ids=eos, draft_vocab="auto",
+                                                   static_shapes=args.static_shapes or None)}
         chosen = questions.load("mt_bench")[:: 10][: args.questions]
         prompts = [bench.conversation_ids(tokenizer, [q["turns"][0]], []) for q in chosen]
         rows = []
@@ -113,7 +127,10 @@ def main() -> None:
         f"{', '.join(str(q['question_id']) for q in chosen)}, at most {args.max_new_tokens} new tokens, "
         "both engines in one process answering each question in turn (alternating which goes first).", "",
         f"Command: `.venv/bin/python scripts/compare_revisions.py {args.revision} --questions {args.questions} "
-        f"--temperatures {' '.join(f'{t:g}' for t in args.temperatures)} --tree {args.tree} --method {args.method}`",
+        f"--temperatures {' '.join(f'{t:g}' for t in args.temperatures)} --tree {args.tree} --method {args.method}"
+        + (" --static-shapes" if args.static_shapes else "") + "`",
+        "" if not args.static_shapes else "The working tree runs on static caches (its greedy cycle on the device, "
+        "cycle.py), the revision as its default on a CPU.",
         "",
         "| T | engine | new tokens | tau | tokens/s | against the revision |",
         "|---|---|---|---|---|---|", *rows, ""])

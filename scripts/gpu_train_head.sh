@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
 # The embedded default's heads trained on GPU-scale data, in device-tool calls: the target writes its own prompts
 # and answers them on the GPU, an EAGLE-1 and an EAGLE-3 head train there, and the heads, the logs and the data's
-# token ids come back under $OUT.  .gpu/ (scripts/gpu_bundle.sh, carried in parts) brings the wheels, the model and
-# the shared prompt files.  STAGES (default "data train") splits the work into calls on one warm machine.
+# token ids come back under $OUT.  .gpu/ (`scripts/gpu_run.sh bundle`, carried in parts) brings the wheels and
+# the model.  STAGES (default "data train") splits the work into calls on one warm machine.
 #
 # data:
 #  0. PREVIOUS_DATA (optional): a data.tar.xz an earlier call brought back (its parts joined); its prompts and
 #     answers are put back as that run's shards, so the data stage below answers only the prompts it had not;
 #  1. `train-head prompts` (without PREVIOUS_DATA): SELF_PROMPTS (default 90000) self-written prompts,
 #     PROMPTS_BATCH (default 2048) a batch, at most PROMPTS_MINUTES (default 1.5);
-#  2. `train-head data`: the target's greedy answers, 128 tokens, to those and to the shared prompt files, token ids
-#     only (--no-features: the train stage computes the features on the GPU), batches of DATA_BATCH (default 2048)
-#     sorted by length within shards of SHARD_SIZE (default 8192), at most DATA_MINUTES (default 2);
+#  2. `train-head data`: the target's greedy answers, 128 tokens, to those and to TRAIN_PROMPTS (default the
+#     package's prompt files), token ids only (--no-features: the train stage computes the features on the GPU),
+#     batches of DATA_BATCH (default 2048) sorted by length within shards of SHARD_SIZE (default 8192), at most
+#     DATA_MINUTES (default 2);
 #  3. MORE_PROMPTS (default 0) more self-written prompts of seed 1 in RUN/more (at most MORE_PROMPTS_MINUTES,
 #     default 1) and their answers (at most MORE_DATA_MINUTES, default 2);
 # train:
@@ -27,11 +28,11 @@
 #     head3.tgz (the exported heads, packed as soon as each is written), and a data call's data.tar.xz.NN (or
 #     .gz.NN; the self-written prompts and every answer's token ids, in parts of 15 MiB, when they fit in four).
 #
-#     bash scripts/gpu_bundle.sh   # here: prints the device calls, this script in the last
+#     bash scripts/gpu_run.sh bundle   # here: prints the device calls, this script after calls A and B
 #
 # Every stage resumes in RUN (default /tmp/gpu-head), so a call cut short can be repeated on a warm machine.
-# DEVICE=cpu with BASE_MODEL (a model folder), PROMPTS_ARCHIVE (a .tar.xz of prompt files) and small counts runs
-# it all on a CPU (tests/test_gpu_train_head.py).
+# DEVICE=cpu with BASE_MODEL (a model folder), TRAIN_PROMPTS (a prompt file or folder) and small counts runs it
+# all on a CPU (tests/test_gpu_train_head.py).  The Python it runs is scripts/gpu_train_head.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
@@ -47,13 +48,7 @@ shard_size=${SHARD_SIZE:-8192}
 source scripts/gpu_site.sh
 if [ -n "${BASE_MODEL:-}" ]; then gpu_site; else gpu_site model; fi
 gpu_machine "$out/machine.txt"
-archive=${PROMPTS_ARCHIVE:-.gpu/train_prompts.tar.xz}
-if [ ! -f "$archive" ]; then
-  echo "missing $archive: run scripts/gpu_bundle.sh here and carry what it names" >&2
-  exit 2
-fi
-mkdir -p "$run/train_prompts"
-tar xJf "$archive" -C "$run/train_prompts"
+train_prompts=${TRAIN_PROMPTS:-eagle_mdsd/data/prompts}  # (training.DEFAULT_PROMPTS)
 export TQDM_MININTERVAL=${TQDM_MININTERVAL:-10}  # a progress line every 10 s in the log, not every batch
 model=()
 [ -z "${BASE_MODEL:-}" ] || model=(--base-model "$BASE_MODEL")
@@ -71,25 +66,7 @@ restore() {  # PREVIOUS_DATA's prompts and answers (RUN's and RUN/more's), back 
     [ -f "$run/previous/$sub/ids.npz" ] || continue
     mkdir -p "$run/$sub"
     cp "$run/previous/$sub/self_prompts.jsonl" "$run/$sub/self_prompts.jsonl"
-    "$python" - "$run/$sub" "$run/previous/$sub" "$shard_size" <<'EOF'
-import json, sys
-from pathlib import Path
-import numpy, torch
-run, previous, shard_size = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
-saved = numpy.load(previous / "ids.npz")
-if "shard_sizes" not in saved:
-    sys.exit("PREVIOUS_DATA's ids.npz has no shard_sizes: it cannot be put back as the data stage's shards")
-ids = torch.from_numpy(saved["ids"].astype(numpy.int32))
-samples = [{"ids": s, "start": int(start)} for s, start in zip(ids.split(saved["lengths"].tolist()), saved["starts"])]
-(run / "data").mkdir(parents=True, exist_ok=True)
-first = 0
-for index, size in enumerate(saved["shard_sizes"].tolist()):
-    torch.save(samples[first : first + size], run / "data" / f"shard_{index:05d}.pt")
-    first += size
-(run / "data" / "prompts.json").write_text(json.dumps({"seed": 0, "shard_size": shard_size, "temperature": 0.0,
-                                                      "sort_by_length": True, "features": False}))
-print(f"put back {len(samples)} answers in {len(saved['shard_sizes'])} shards")
-EOF
+    "$python" scripts/gpu_train_head.py restore "$run/$sub" "$run/previous/$sub" "$shard_size"
   done
   touch "$run/previous/restored"  # last: a restore cut short is done again
 }
@@ -113,7 +90,7 @@ set +e  # (the stages stop at their first failure, inside; what they made is sti
         --device "$device" --max-minutes "${PROMPTS_MINUTES:-1.5}"
     fi
     date -u +"prompts done %FT%TZ"
-    answer "$run" "${DATA_MINUTES:-2}" "$run/self_prompts.jsonl" "$run/train_prompts"
+    answer "$run" "${DATA_MINUTES:-2}" "$run/self_prompts.jsonl" "$train_prompts"
     date -u +"data done %FT%TZ"
     if [ "${MORE_PROMPTS:-0}" != 0 ]; then
       cli train-head prompts --run "$run/more" --count "$MORE_PROMPTS" --seed 1 \
@@ -150,38 +127,7 @@ status=${PIPESTATUS[0]}
 set -e
 more_runs  # (again: a restore in the stages above may have brought RUN/more)
 
-"$python" - "$out" "$stages" "${runs[@]}" <<'EOF' || status=$?
-import json, sys
-from pathlib import Path
-import numpy, torch
-from eagle_mdsd import jsonl
-out, data_call, runs = Path(sys.argv[1]), "data" in sys.argv[2].split(), [Path(r) for r in sys.argv[3:]]
-run = runs[0]
-summary = {"shards": sum(len(list((r / "data").glob("shard_*.pt"))) for r in runs)}
-samples = []
-if data_call:  # (a train call's counts are the data call's: loading 100k samples again costs the call's minutes)
-    samples = [[s for shard in sorted((r / "data").glob("shard_*.pt")) for s in torch.load(shard, weights_only=True)]
-               for r in runs]
-    summary |= {"self_prompts": sum(len(jsonl.records(r / "self_prompts.jsonl")) for r in runs
-                                    if (r / "self_prompts.jsonl").exists()),
-                "answers": sum(map(len, samples)),
-                "answer_tokens": sum(len(s["ids"]) - s["start"] for x in samples for s in x),
-                "tokens": sum(len(s["ids"]) for x in samples for s in x)}
-for name in ("eagle1", "eagle3"):
-    if (run / name / "checkpoint.pt").exists():
-        state = torch.load(run / name / "checkpoint.pt", weights_only=False)["state"]
-        summary[name] = {"steps": state["step"], "epochs_done": state["epoch"], "train_s": state.get("wall_time_s"),
-                         "log": state["log"]}
-(out / "summary.json").write_text(json.dumps(summary))
-for r, kept in zip(runs, samples):  # every sample's ids (uint16 when the vocabulary fits), where its answer starts,
-    if kept:                        # and how many samples each shard holds
-        ids = torch.cat([s["ids"] for s in kept]).numpy()
-        ids = ids.astype(numpy.uint16) if ids.max() < 2**16 else ids
-        sizes = [len(torch.load(shard, weights_only=True)) for shard in sorted((r / "data").glob("shard_*.pt"))]
-        numpy.savez(r / "ids.npz", ids=ids, lengths=numpy.array([len(s["ids"]) for s in kept], numpy.int32),
-                    starts=numpy.array([s["start"] for s in kept], numpy.int32), shard_sizes=numpy.array(sizes))
-print(json.dumps({k: v for k, v in summary.items() if k not in ("eagle1", "eagle3")}))
-EOF
+"$python" scripts/gpu_train_head.py summary "$out" "$stages" "${runs[@]}" || status=$?
 [[ " $stages " == *" data "* ]] || { ls -l "$out"; exit "$status"; }  # (a train call's data came back before)
 packed=()
 for f in self_prompts.jsonl ids.npz more/self_prompts.jsonl more/ids.npz; do [ -f "$run/$f" ] && packed+=("$f"); done

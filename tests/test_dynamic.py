@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from eagle_mdsd import dynamic, engine, head, sequoia, tree
+from eagle_mdsd import dynamic, engine, head, sequoia
 from test_engine import P_VALUE, PROMPT, chi_square_p_value, empirical_first_three, exact_first_three
 from tiny import tiny_target
 
@@ -106,7 +106,7 @@ def test_bad_dynamic_trees_are_one_line_errors(spec, message):
     ("opt_tree", {"total_tokens": 8, "nodes": 8}, r"opt_tree does not take --total-tokens"),
 ])
 def test_dynamic_tree_flags_that_do_not_shape_the_tree_are_refused(spec, overrides, message):
-    """They were dropped unseen (`--total-tokens 16` beside the default static tree decoded eagle_default)."""
+    """A flag the tree does not take is an error, not dropped unseen."""
     with pytest.raises(ValueError, match=message):
         dynamic.load(spec, **overrides)
     unset = dict.fromkeys(overrides)  # the CLI passes None for flags it was not given: no error then
@@ -197,8 +197,7 @@ def test_sequoia_dynamic_programme_matches_brute_force():
 
 
 def test_sequoia_writes_only_a_plain_name_and_never_over_a_hand_written_tree(tmp_path):
-    """A name with a path in it failed with a bare Errno after minutes of measuring; --name eagle_default
-    overwrote the shipped topology."""
+    """A bad --name is refused before minutes of measuring; a shipped tree or a tree written by hand is kept."""
     for name in ("a/b", "../up", ".hidden", ""):
         with pytest.raises(ValueError, match="must be a plain file name"):
             sequoia.output_path(name, tmp_path)
@@ -208,8 +207,9 @@ def test_sequoia_writes_only_a_plain_name_and_never_over_a_hand_written_tree(tmp
     (tmp_path / "measured.json").write_text(json.dumps({"paths": [[0]], "hardware_aware": False}))
     assert sequoia.output_path("measured", tmp_path) == tmp_path / "measured.json"  # a rerun replaces its own
     assert sequoia.output_path("new", tmp_path) == tmp_path / "new.json"
-    with pytest.raises(ValueError, match="eagle_default.json is a tree Sequoia did not write"):
-        sequoia.output_path("eagle_default", tree.TREE_DIR)
+    for shipped in ("eagle_default", "sequoia_cpu"):
+        with pytest.raises(ValueError, match=f"--name {shipped} is the name of a shipped tree"):
+            sequoia.output_path(shipped, tmp_path)
 
 
 def test_hardware_aware_choice_trades_tokens_for_time():

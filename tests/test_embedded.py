@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
-from eagle_mdsd import checks
+import pytest
+import torch
+
+from eagle_mdsd import checks, kernels
+
+# The float64 tests of the engine, dynamic trees and lookup cover every topology; here one of each kind runs on
+# the real model: the plain decoding loop, a static tree, a dynamic one at a size a 2-core CI runs quickly in
+# fp32, and prompt-lookup drafts.  The other trees run with `pytest -m slow`.
+TREES = (checks.BASELINE, "eagle_default", "eagle2:total_tokens=16,depth=4,top_k=4", "eagle_default+lookup")
+MORE_TREES = ("binary_depth4", "quad_depth3", "chain4", "chain6",
+              "opt_tree:nodes=16,threshold=0.05,max_depth=6,top_k=4")
 
 
-# the plain decoding loop, every static tree, the dynamic ones at sizes a 2-core CI runs quickly in fp32, and
-# prompt-lookup drafts
-TREES = (checks.BASELINE, "eagle_default", "binary_depth4", "quad_depth3", "chain4", "chain6",
-         "eagle2:total_tokens=16,depth=4,top_k=4", "opt_tree:nodes=16,threshold=0.05,max_depth=6,top_k=4",
-         "eagle_default+lookup")
-
-
-def test_engine_matches_greedy_generate_for_every_tree(tmp_path):
+def test_engine_matches_greedy_generate_for_a_tree_of_each_kind(tmp_path):
     rows = checks.greedy_equivalence(tmp_path / "rows.jsonl", question_count=2, max_new_tokens=40, trees=TREES,
                                      dtypes=("float32",))
     assert len(rows) == 2 * len(TREES)
@@ -23,14 +26,31 @@ def test_engine_matches_greedy_generate_for_every_tree(tmp_path):
     assert again == rows and len((tmp_path / "rows.jsonl").read_text().splitlines()) == len(rows)
 
 
-def test_plain_decoding_matches_greedy_generate_in_bf16_too(tmp_path):
-    """The prefill and each plain step leave the attention mask to the model, as `generate` does: the same kernels
-    round alike, bit for bit, on packed linear layers too (a step with the engine's own all-visible mask took
-    another attention kernel and drifted apart at token 104 of the first question).  Only a forward of several
-    rows rounds its attention differently (evaluation/bf16_rounding.py)."""
+@pytest.mark.slow
+def test_engine_matches_greedy_generate_for_the_other_trees(tmp_path):
+    rows = checks.greedy_equivalence(tmp_path / "rows.jsonl", question_count=2, max_new_tokens=40,
+                                     trees=MORE_TREES, dtypes=("float32",))
+    assert len(rows) == 2 * len(MORE_TREES)
+    assert all(row["identical"] for row in rows), [r for r in rows if not r["identical"]]
+
+
+def test_plain_decoding_matches_greedy_generate_in_bf16_on_the_same_kernels(tmp_path):
+    """The prefill and each plain step leave the attention mask to the model, as `generate` does, so on the
+    stock kernels both run the same products in the same order and round alike, bit for bit, on any CPU.  (A
+    forward of several rows, as a tree's, rounds its attention differently: lab/bf16_rounding.py.)"""
     rows = checks.greedy_equivalence(tmp_path / "rows.jsonl", question_count=2, max_new_tokens=128,
-                                     trees=(checks.BASELINE,), dtypes=("bfloat16",))
+                                     trees=(checks.BASELINE,), dtypes=("bfloat16",), kernels_choice="stock")
     assert len(rows) == 2 and all(row["identical"] for row in rows), rows
+
+
+@pytest.mark.skipif(not kernels.available(torch.zeros(1, dtype=torch.bfloat16)),
+                    reason="this CPU has no oneDNN bf16 kernels, so the engine cannot run packed weights here")
+def test_plain_decoding_on_packed_kernels_matches_greedy_generate_in_bf16(tmp_path):
+    """Packed weights give the stock kernel's products bit for bit (tests/test_kernels.py, layer by layer), so
+    a whole answer on them is `generate`'s too."""
+    rows = checks.greedy_equivalence(tmp_path / "rows.jsonl", question_count=1, max_new_tokens=128,
+                                     trees=(checks.BASELINE,), dtypes=("bfloat16",), kernels_choice="packed")
+    assert len(rows) == 1 and all(row["identical"] for row in rows), rows
 
 
 def test_check_greedy_runs_on_a_target_of_another_family(tmp_path, capsys, monkeypatch):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -10,15 +12,25 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_cycle_timing_writes_its_page_on_a_cpu(tmp_path):
+    """Every row at toy scale (hf_compiled left out: its compile is tested in test_compiled_peer.py), the floor, and
+    tokens/s projected from a benchmark result's tau, labelled as a projection."""
+    result = tmp_path / "result.json"
+    entry = {"label": "eagle[chain2]", "categories": {"all": {"tau": 2.0}}}
+    result.write_text(json.dumps({"temperatures": {"t0": {"entries": [entry]}, "t1": {"entries": []}}}))
     done = subprocess.run([sys.executable, "evaluation/gpu_cycle.py", "--shape", "tiny", "--device", "cpu",
-                           "--tokens", "6", "--repeats", "1", "--prompt", "16", "--out", str(tmp_path)],
+                           "--tokens", "6", "--repeats", "1", "--prompt", "16", "--out", str(tmp_path),
+                           "--no-compiled", "--tau-from", str(result)],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
-    page = (tmp_path / "gpu_cycle.md").read_text()
-    for row in ("| ours, plain step, CUDA graphs off |", "| ours, eagle_default cycle, CUDA graphs off |",
-                "| transformers `generate`, step |"):
+    page = (tmp_path / "gpu_cycle_tiny.md").read_text()
+    for row in ("| ours, plain step |", "| transformers `generate` (eager), step |",
+                *(f"| ours, {tree} cycle, T = {t} |" for tree in ("eagle_default", "chain2", "eagle2") for t in (0, 1))):
         assert row in page
-    assert "An eagle_default cycle over our plain step: **" in page and "no GPU (device cpu)" in page
+    assert "Weight-read floor: " in page and "no GPU (device cpu)" in page
+    rows = {line.split(" | ")[0][2:]: line for line in page.splitlines() if line.startswith("| ours, ")}
+    assert re.search(r"\| -?\d+ \(tau 2\.00\) \|$", rows["ours, chain2 cycle, T = 0"])  # the result's tau, T = 0
+    assert rows["ours, chain2 cycle, T = 1"].endswith("| - |")  # no tau of chain2 at T = 1 in that result
+    assert "Projected tokens/s (a projection, not a measurement)" in page
 
 
 def test_the_cycle_timing_refuses_cuda_without_a_gpu(tmp_path):

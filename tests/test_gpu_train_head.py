@@ -1,7 +1,9 @@
-"""scripts/gpu_train_head.sh at toy scale on the CPU, in two calls as on the device: every stage runs, $OUT is
-packed as the device tool brings it back (at most 8 files of at most 16 MiB), and the second call puts the first
-call's answers back and answers only the rest."""
+"""scripts/gpu_train_head.sh and the Python it runs (scripts/gpu_train_head.py): a data stage's answers packed as
+token ids, put back as shards on a fresh machine, the call's summary; and the script end to end at toy scale on
+the CPU, in two calls as on the device, with $OUT packed as the device tool brings it back (at most 8 files of
+at most 16 MiB)."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -10,9 +12,91 @@ import tarfile
 from pathlib import Path
 
 import numpy
+import pytest
 import torch
 
+from eagle_mdsd import training
+
 ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def script():
+    spec = importlib.util.spec_from_file_location("gpu_train_head", ROOT / "scripts" / "gpu_train_head.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _samples(run):
+    return [s for shard in sorted((run / "data").glob("shard_*.pt")) for s in torch.load(shard)]
+
+
+def _data_run(run, shard_lengths, vocab=1000, seed=0):
+    """A run folder with data shards of token ids alone (as --no-features writes them), samples of random lengths."""
+    generator = torch.Generator().manual_seed(seed)
+    (run / "data").mkdir(parents=True)
+    for index, count in enumerate(shard_lengths):
+        samples = []
+        for _ in range(count):
+            length = int(torch.randint(4, 12, (), generator=generator))
+            ids = torch.randint(vocab, (length,), generator=generator, dtype=torch.int32)
+            samples.append({"ids": ids, "start": int(torch.randint(1, length - 1, (), generator=generator))})
+        torch.save(samples, run / "data" / f"shard_{index:05d}.pt")
+
+
+@pytest.mark.parametrize("vocab", [1000, 70000])  # token ids packed as uint16, and as int32 beyond its range
+def test_answers_packed_as_token_ids_come_back_as_the_same_shards(tmp_path, script, vocab):
+    made, fresh = tmp_path / "made", tmp_path / "fresh"
+    _data_run(made, [3, 5, 2], vocab)
+    packed = script.pack_ids(made, script.load_samples(made))
+    assert numpy.load(packed)["ids"].dtype == (numpy.uint16 if vocab < 2**16 else numpy.int32)
+    assert script.restore(fresh, made, shard_size=5) == (10, 3)
+    for before, after in zip(sorted((made / "data").glob("shard_*.pt")), sorted((fresh / "data").glob("shard_*.pt"))):
+        assert before.name == after.name
+        assert [(s["ids"].tolist(), s["start"]) for s in torch.load(before)] == \
+            [(s["ids"].tolist(), s["start"]) for s in torch.load(after)]
+    assert all(s["ids"].dtype == torch.int32 for s in _samples(fresh))
+    # the record is the script's data stage's own, so that stage goes on with the prompts not yet answered
+    record = json.loads((fresh / "data" / "prompts.json").read_text())
+    script_recipe = training.DataRecipe(shard_size=5, sort_by_length=True, features=False)
+    training.check_data_record(fresh / "data", record, script_recipe)
+    with pytest.raises(ValueError, match="--shard-size 5"):
+        training.check_data_record(fresh / "data", record, training.DataRecipe(sort_by_length=True, features=False))
+    assert script.pack_ids(tmp_path / "empty", []) is None
+
+
+def test_token_ids_without_their_shard_sizes_are_refused(tmp_path, script):
+    numpy.savez(tmp_path / "ids.npz", ids=numpy.arange(6), lengths=numpy.array([6]), starts=numpy.array([2]))
+    with pytest.raises(SystemExit, match="has no shard_sizes: it cannot be put back"):
+        script.restore(tmp_path / "run", tmp_path, 4)
+
+
+def test_the_summary_counts_what_the_runs_hold(tmp_path, script, capsys):
+    run, more = tmp_path / "run", tmp_path / "run" / "more"
+    _data_run(run, [4, 2])
+    _data_run(more, [3], seed=1)
+    (run / "self_prompts.jsonl").write_text("".join(json.dumps({"prompt": f"p{i}", "batch": 0}) + "\n"
+                                                    for i in range(5)))
+    log = [{"step": 1, "loss": 2.0, "top1": 0.1}, {"step": 2, "loss": 1.5, "top1": 0.2}]
+    (run / "eagle1").mkdir()
+    torch.save({"state": {"step": 2, "epoch": 1, "wall_time_s": 3.0, "log": log}}, run / "eagle1" / "checkpoint.pt")
+    out = tmp_path / "out"
+    out.mkdir()
+    assert script.main(["summary", str(out), "data", str(run), str(more)]) == 0
+    found = json.loads((out / "summary.json").read_text())
+    samples = _samples(run) + _samples(more)
+    assert found["shards"] == 3 and found["answers"] == len(samples) and found["self_prompts"] == 5
+    assert found["tokens"] == sum(len(s["ids"]) for s in samples)
+    assert found["answer_tokens"] == found["tokens"] - sum(s["start"] for s in samples)
+    assert found["eagle1"] == {"steps": 2, "epochs_done": 1, "train_s": 3.0, "log": log} and "eagle3" not in found
+    assert json.loads(capsys.readouterr().out) == {k: v for k, v in found.items() if k != "eagle1"}
+    assert (run / "ids.npz").exists() and (more / "ids.npz").exists()
+    assert numpy.load(more / "ids.npz")["shard_sizes"].tolist() == [3]
+    (run / "ids.npz").unlink()
+    assert script.main(["summary", str(out), "train", str(run), str(more)]) == 0  # a train call: no counts
+    assert set(json.loads((out / "summary.json").read_text())) == {"shards", "eagle1"}
+    assert not (run / "ids.npz").exists()
 
 
 def _call(tmp_path, name, **settings):
@@ -22,7 +106,7 @@ def _call(tmp_path, name, **settings):
     out.mkdir()
     env = os.environ | {"OUT": str(out), "GPU_SITE": str(tmp_path / "site"), "DEVICE": "cpu",
                         "PYTHON": sys.executable, "BASE_MODEL": str(models.cache_dir() / "smollm2-135m-instruct"),
-                        "PROMPTS_ARCHIVE": str(tmp_path / "train_prompts.tar.xz"), "SELF_PROMPTS": "6",
+                        "TRAIN_PROMPTS": str(tmp_path / "prompts"), "SELF_PROMPTS": "6",
                         "PROMPTS_BATCH": "6", "MAX_NEW_TOKENS": "8", "DATA_BATCH": "4", "SHARD_SIZE": "4",
                         "TOKENS_PER_BATCH": "256", "DRAFT_VOCAB": "64", "UNROLL3": "2",
                         # a busy machine must not cut a stage short: the limits are the GPU call's
@@ -36,68 +120,49 @@ def _call(tmp_path, name, **settings):
     return out
 
 
-def _unpacked(out, folder):
-    """The data parts of a call, joined (as PREVIOUS_DATA takes them) and unpacked into `folder`."""
-    joined = folder.with_suffix(".tar.xz")
-    joined.write_bytes(b"".join(p.read_bytes() for p in sorted(out.glob("data.tar.xz.*"))))
-    with tarfile.open(joined) as packed:
-        packed.extractall(folder)
-    return joined
+def _joined(out, path):
+    """The data parts of a call, joined as PREVIOUS_DATA takes them."""
+    path.write_bytes(b"".join(p.read_bytes() for p in sorted(out.glob("data.tar.xz.*"))))
+    return path
 
 
-def _samples(run):
-    return [s for shard in sorted((run / "data").glob("shard_*.pt")) for s in torch.load(shard)]
-
-
-def test_the_gpu_head_script_answers_in_calls_and_trains_both_heads_on_a_fresh_machine(tmp_path):
-    from eagle_mdsd import models
+def test_the_gpu_head_script_makes_data_in_one_call_and_trains_both_heads_on_it_in_another(tmp_path):
+    from eagle_mdsd import jsonl, models
 
     models.load_target()  # the converted embedded model, the toy run's target
     prompts = tmp_path / "prompts"
     prompts.mkdir()
     (prompts / "few.jsonl").write_text("".join(json.dumps({"prompt": f"Name {n} fruits."}) + "\n" for n in range(6)))
-    with tarfile.open(tmp_path / "train_prompts.tar.xz", "w:xz") as packed:
-        packed.add(prompts / "few.jsonl", "few.jsonl")
     (tmp_path / "site").mkdir()
     (tmp_path / "site" / ".installed").touch()  # the wheels are this environment's own
 
-    first = _call(tmp_path, "out1", RUN=str(tmp_path / "run1"), STAGES="data", MAX_PROMPTS="8")
+    run = tmp_path / "run1"
+    first = _call(tmp_path, "out1", RUN=str(run), STAGES="data", MAX_PROMPTS="8", MORE_PROMPTS="4")
     log = (first / "train_head.log").read_text()
     assert "answers/s" in log and "training tokens/s" not in log  # what sizes the next call
+    written = [len(jsonl.records(folder / "self_prompts.jsonl")) for folder in (run, run / "more")]
+    assert written == [6, 4]  # as many as asked
+    answered = [len(_samples(run)), len(_samples(run / "more"))]
+    assert answered == [8, written[1]]  # the run's --max-prompts of its 12, and every prompt of RUN/more
     summary = json.loads((first / "summary.json").read_text())
-    assert summary["answers"] == 8 and summary["shards"] == 2 and summary["self_prompts"] >= 6
-    back = _unpacked(first, tmp_path / "back1")
-    ids = numpy.load(tmp_path / "back1" / "ids.npz")
-    shards = _samples(tmp_path / "run1")
-    assert ids["ids"].tolist() == torch.cat([s["ids"] for s in shards]).tolist()
-    assert ids["starts"].tolist() == [s["start"] for s in shards] and ids["shard_sizes"].tolist() == [4, 4]
+    assert summary["answers"] == sum(answered) and summary["self_prompts"] == sum(written)
+    with tarfile.open(_joined(first, tmp_path / "data.tar.xz")) as packed:
+        assert {"self_prompts.jsonl", "ids.npz", "more/self_prompts.jsonl", "more/ids.npz"} <= set(packed.getnames())
 
-    # a fresh machine: the first call's answers come back as its shards; 4 more prompts, then 4 of seed 1
-    run = tmp_path / "run2"
-    second = _call(tmp_path, "out2", RUN=str(run), STAGES="data", PREVIOUS_DATA=str(back), MAX_PROMPTS="12",
-                   MORE_PROMPTS="4")
+    # a fresh machine trains both heads on both runs' answers, put back
+    second = _call(tmp_path, "out2", RUN=str(tmp_path / "run2"), STAGES="train", MORE_PROMPTS="4",
+                   PREVIOUS_DATA=str(tmp_path / "data.tar.xz"))
     log = (second / "train_head.log").read_text()
-    assert "put back 8 answers in 2 shards" in log and "data stage: 4 answers" in log
-    again = _samples(run)
-    assert [s["ids"].tolist() for s in again[:8]] == [s["ids"].tolist() for s in shards]
-    assert len(again) == 12 and len(_samples(run / "more")) == 4
-    assert json.loads((second / "summary.json").read_text())["answers"] == 16
-    both = _unpacked(second, tmp_path / "back2")
-    assert numpy.load(tmp_path / "back2" / "more" / "ids.npz")["shard_sizes"].tolist() == [4]
-
-    # another fresh machine trains both heads on both runs' answers, put back
-    third = _call(tmp_path, "out3", RUN=str(tmp_path / "run3"), STAGES="train", PREVIOUS_DATA=str(both))
-    log = (third / "train_head.log").read_text()
-    assert "put back 12 answers in 3 shards" in log and "put back 4 answers in 1 shards" in log
+    assert f"put back {answered[0]} answers in 2 shards" in log and f"put back {answered[1]} answers in 1 shards" in log
     assert log.count("training tokens/s") == 2
-    summary = json.loads((third / "summary.json").read_text())
-    assert summary["shards"] == 4 and "answers" not in summary  # (counted by the data call)
-    assert not list(third.glob("data.tar.*"))  # (brought back by the data call)
+    summary = json.loads((second / "summary.json").read_text())
+    assert summary["shards"] == 3 and "answers" not in summary  # (counted by the data call)
+    assert not list(second.glob("data.tar.*"))  # (brought back by the data call)
     for name in ("eagle1", "eagle3"):
         assert summary[name]["steps"] >= 1 and len(summary[name]["log"]) == summary[name]["steps"]
-    with tarfile.open(third / "head.tgz") as packed:
+    with tarfile.open(second / "head.tgz") as packed:
         assert {"head/config.json", "head/draft_vocab.json"} <= set(packed.getnames())
-    with tarfile.open(third / "head3.tgz") as packed:
+    with tarfile.open(second / "head3.tgz") as packed:
         packed.extractall(tmp_path / "head3")
     config = json.loads((tmp_path / "head3" / "head" / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["draft_vocab_size"] == 64

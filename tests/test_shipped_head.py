@@ -13,9 +13,8 @@ def test_shipped_head_is_compact():
     assert sum(f.stat().st_size for f in files) < 20 * 2**20
 
 
-# A random head gives tau ~1.02 here. The shipped head (thirteenth version) measured 2.63 on these prompts
-# (2026-11-24, evaluation/results/head_training_2026-11-24_v13.md); the fourth, the first to pass, 2.11
-# (head_training_2026-11-22_v4.md; the third 1.96, the second 1.88, the first 1.68): the bar of 2.
+# A random head accepts almost nothing (tau near 1); a head that drafts usefully clears 2 on these prompts, with
+# room for CPU rounding (the shipped head's own tau is on the pages that docs/training.md lists).
 GUARD_TAU = 2.0
 
 

@@ -75,6 +75,6 @@ def test_rates_over_logit_rows_use_the_temperature():
 def test_study_counts_below_one_are_refused_by_the_parser(option, capsys):
     from eagle_mdsd import cli
 
-    with pytest.raises(SystemExit) as stop:  # --positions 0 collected nothing and failed inside torch.cat
+    with pytest.raises(SystemExit) as stop:  # a count of 0 would collect nothing to score
         cli.build_parser().parse_args(["study", "all", option, "0"])
     assert stop.value.code == 2 and f"argument {option}: must be at least 1, got 0" in capsys.readouterr().err

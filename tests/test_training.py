@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
+import re
 import shlex
 import subprocess
 import sys
@@ -13,9 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from eagle_mdsd import head, questions, training
+import eagle_mdsd
+from eagle_mdsd import head, jsonl, models, questions, training
+from eagle_mdsd.errors import UsageError
 
-import evaluation_scripts
 from tiny import tiny_target
 
 
@@ -24,13 +27,22 @@ def test_training_prompts_never_contain_benchmark_questions(tmp_path):
     planted = tmp_path / "planted.jsonl"
     planted.write_text("\n".join(json.dumps({"instruction": text, "response": "x"}) for text in
                                  ["  " + benchmark[0]["turns"][0].upper() + " ", "A harmless new prompt."]))
-    prompts = training.load_prompts([planted] + ([training.DEFAULT_PROMPTS] if training.DEFAULT_PROMPTS.exists()
-                                                 else []))
+    prompts = training.load_prompts([planted, training.DEFAULT_PROMPTS])
     banned = training.benchmark_texts()
     assert not any(training._normalise(p["prompt"]) in banned for p in prompts)
     assert any(p["prompt"] == "A harmless new prompt." for p in prompts)
-    if training.DEFAULT_PROMPTS.exists():
-        assert len(prompts) > 10000
+    assert len(prompts) > 10000  # the shipped set was read too
+
+
+def test_the_default_prompts_ship_inside_the_package_with_their_licences():
+    package = Path(eagle_mdsd.__file__).resolve().parent
+    assert training.DEFAULT_PROMPTS.is_relative_to(package)
+    shipped = sorted(training.DEFAULT_PROMPTS.glob("*.json*"))
+    assert shipped and all(path.suffix == ".xz" for path in shipped)
+    readme = (training.DEFAULT_PROMPTS / "README.md").read_text()  # each file named with its source and licence
+    assert all(path.name in readme for path in shipped)
+    licences = re.findall(r"`(LICENSE-[\w-]+)`", readme)
+    assert len(licences) == 2 and all((training.DEFAULT_PROMPTS / licence).exists() for licence in licences)
 
 
 def _tiny_batch():
@@ -143,9 +155,9 @@ def test_train_head_takes_a_draft_vocabulary_size_or_full(capsys):
     from eagle_mdsd import cli
 
     parse = cli.build_parser().parse_args
-    assert parse(["train-head", "train", "--draft-vocab", "8192"]).train_draft_vocab == 8192
-    assert parse(["train-head", "train", "--draft-vocab", "full"]).train_draft_vocab is None
-    assert parse(["train-head", "train"]).train_draft_vocab is None  # the default: as heads 1-7 were trained
+    assert parse(["train-head", "train", "--draft-vocab", "8192"]).draft_vocab == 8192
+    assert parse(["train-head", "train", "--draft-vocab", "full"]).draft_vocab is None
+    assert parse(["train-head", "train"]).draft_vocab is None  # the default: as heads 1-7 were trained
     with pytest.raises(SystemExit):
         parse(["train-head", "train", "--draft-vocab", "auto"])
     assert "expected a number of tokens or 'full', got 'auto'" in capsys.readouterr().err
@@ -158,7 +170,8 @@ def test_train_head_passes_the_token_loss_to_training(monkeypatch, tmp_path):
     from eagle_mdsd import cli
 
     seen = {}
-    monkeypatch.setattr(training, "train", lambda run, recipe, *args, **options: seen.update(recipe=recipe) or {"log": []})
+    monkeypatch.setattr(training, "train",
+                        lambda run, recipe, *args, **options: seen.update(recipe=recipe) or {"log": []})
     for argv, expected in ((["--token-loss", "tv"], "tv"), (["--token-loss", "top1"], "top1"), ([], "ce")):
         args = cli.build_parser().parse_args(["train-head", "train", "--run", str(tmp_path)] + argv)
         args.fn(args)
@@ -171,21 +184,23 @@ def test_train_head_refuses_options_its_stage_does_not_read(monkeypatch, tmp_pat
     run = ["--run", str(tmp_path)]
     for stage in ("self_prompts", "make_data", "train", "export"):
         monkeypatch.setattr(training, stage, lambda *args, **kwargs: pytest.fail("a stage ran"))
-    for argv, message in ((["data", "--epochs", "3"], "--epochs (train) does nothing in train-head data: drop it"),
+    for argv, message in ((["data", "--epochs", "3"], "unrecognized arguments: --epochs 3"),
                           (["prompts", "--unroll", "2", "--temperature", "1"],
-                           "--unroll (train), --temperature (data) do nothing in train-head prompts: drop them"),
-                          (["export", "--seed", "3"], "--seed (prompts / data / train) does nothing"),
-                          (["all", "--openers", "x"], "--openers (prompts) does nothing in train-head all")):
-        assert cli.main(["train-head", *argv, *run]) == 2  # they were parsed and ignored
-        assert message in capsys.readouterr().err
+                           "unrecognized arguments: --unroll 2 --temperature 1"),
+                          (["export", "--seed", "3"], "unrecognized arguments: --seed 3"),
+                          (["all", "--openers", "x"], "unrecognized arguments: --openers x")):
+        with pytest.raises(SystemExit) as stop:  # each stage's parser has only the options it reads
+            cli.main(["train-head", *argv, *run])
+        assert stop.value.code == 2 and message in capsys.readouterr().err
     seen = {}
     monkeypatch.setattr(training, "make_data", lambda run, prompts, recipe, *args: seen.update(recipe=recipe) or [])
     assert cli.main(["train-head", "data", "--seed", "7", "--max-prompts", "16", *run]) == 0
     assert seen["recipe"].seed == 7 and seen["recipe"].max_prompts == 16  # --seed chose nothing here before
     assert not seen["recipe"].sort_by_length
     assert cli.main(["train-head", "data", "--sort-by-length", *run]) == 0 and seen["recipe"].sort_by_length
-    assert cli.main(["train-head", "train", "--sort-by-length", *run]) == 2
-    assert "--sort-by-length (data) does nothing in train-head train" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["train-head", "train", "--sort-by-length", *run])
+    assert "unrecognized arguments: --sort-by-length" in capsys.readouterr().err
 
 
 def test_missing_prompt_file_is_a_clear_error(tmp_path):
@@ -203,6 +218,41 @@ def test_a_prompt_file_that_is_not_json_is_a_one_line_error_naming_it(tmp_path):
     (tmp_path / "cut.json").write_text('"just a text"')  # JSON, but no records in it
     with pytest.raises(ValueError, match="no usable prompts"):
         training.load_prompts([tmp_path / "cut.json"])
+
+
+def test_a_prompt_field_that_is_not_text_is_a_one_line_error_naming_the_file_and_line(tmp_path, capsys):
+    from eagle_mdsd import cli
+
+    numbers = tmp_path / "numbers.jsonl"
+    numbers.write_text('{"instruction": "Name a colour."}\n\n{"instruction": 42}\n')
+    with pytest.raises(UsageError, match=r"prompt file .*numbers.jsonl, line 3: 'instruction' is 42, not text"):
+        training.load_prompts([numbers])
+    assert cli.main(["train-head", "data", "--run", str(tmp_path / "run"), "--prompts", str(numbers)]) == 2
+    error = capsys.readouterr().err
+    assert f"{numbers}, line 3: 'instruction' is 42" in error and error.count("\n") == 1
+    listed = tmp_path / "listed.json"
+    for record, field in (({"prompt": "Name a colour.", "response": 7.5}, "'response' is 7.5"),
+                          ({"instruction": "Name a colour.", "instances": [{"input": [1, 2]}]}, "'input' is [1, 2]"),
+                          ({"messages": [{"role": "user", "content": 3}]}, "text contents")):
+        listed.write_text(json.dumps([{"prompt": "Name a tree."}, record]))
+        with pytest.raises(UsageError, match=rf"prompt file .*listed.json, record 2: .*{re.escape(field)}"):
+            training.load_prompts([listed])
+
+
+def test_compressed_prompt_files_read_as_their_contents(tmp_path):
+    import gzip
+    import lzma
+
+    records = [{"prompt": f"Name {n} colours."} for n in range(3)]
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "colours.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    packed = tmp_path / "packed"
+    packed.mkdir()
+    (packed / "colours.jsonl.gz").write_bytes(gzip.compress((plain / "colours.jsonl").read_bytes()))
+    (packed / "more.json.xz").write_bytes(lzma.compress(json.dumps([{"prompt": "Name a tree."}]).encode()))
+    assert training.load_prompts([packed]) == training.load_prompts([plain]) + [{"prompt": "Name a tree.",
+                                                                                 "reference": ""}]
 
 
 def test_exporting_a_run_that_has_not_trained_is_a_clear_error(tmp_path):
@@ -227,46 +277,9 @@ def test_conversation_prompts_load_as_their_turns_and_benchmark_turns_are_droppe
         training.load_prompts([file])
 
 
-def test_the_copy_prompt_builder_writes_revisions_and_documents(tmp_path):
-    copy_prompts = evaluation_scripts.load("copy_prompts")
-    folder = tmp_path / "train_prompts"
-    folder.mkdir()
-    answer = "A reference answer of more than eighty characters, which the prompts below are built around."
-    (folder / "gpteacher-roleplay-instruct.json").write_text(json.dumps(
-        [{"instruction": f"Play role {i}.", "input": "", "response": answer} for i in range(3)]))
-    (folder / "gpteacher-codegen-instruct.json").write_text(json.dumps(
-        [{"instruction": "Write code.", "input": "", "response": "def f(x):\n    return x + 1  " + answer}]))
-    (folder / "alpaca-seed-tasks.jsonl").write_text(json.dumps(
-        {"instruction": "Explain.", "instances": [{"input": "", "output": "short"}]}) + "\n")
-    prompts = copy_prompts.build(folder, 10, seed=0)
-    assert len(prompts) == 4 and prompts == copy_prompts.build(folder, 10, seed=0)
-    revisions = [p["messages"] for p in prompts if "messages" in p]
-    documents = [p["prompt"] for p in prompts if "prompt" in p]
-    assert len(revisions) == 2 and len(documents) == 2
-    assert all(m[1] == {"role": "assistant", "content": m[1]["content"]} and m[2]["content"] in
-               copy_prompts.REVISIONS for m in revisions)
-    assert all(d.endswith(answer) for d in documents)
-    file = tmp_path / "copy.jsonl"
-    file.write_text("".join(json.dumps(p) + "\n" for p in prompts))
-    assert len(training.load_prompts([file])) == 4
-    shard = tmp_path / "shard_00000.pt"  # prompt 1 2 3 4, answer 2 3 4 9 9: grams 234 (copied), 349, 499
-    torch.save([{"ids": torch.tensor([1, 2, 3, 4, 2, 3, 4, 9, 9], dtype=torch.int32), "start": 4}], shard)
-    assert copy_prompts.copy_rate([shard]) == pytest.approx(1 / 3)
-
-
-def test_the_copy_rate_of_a_run_without_shards_is_a_one_line_error(monkeypatch, capsys, tmp_path):
-    copy_prompts = evaluation_scripts.load("copy_prompts")
-    monkeypatch.setattr(sys, "argv", ["copy_prompts.py", "--copy-rate", str(tmp_path)])
-    with pytest.raises(SystemExit):
-        copy_prompts.main()
-    assert f"no data shards in {tmp_path / 'data'}" in capsys.readouterr().err
-
-
 def _embedded_tokenizer():
     """The embedded model's tokenizer (converting the model first if needed)."""
     from transformers import AutoTokenizer
-
-    from eagle_mdsd import models
 
     models.load_target()  # makes sure the converted embedded model (and its tokenizer) exists
     return AutoTokenizer.from_pretrained(models.cache_dir() / "smollm2-135m-instruct")
@@ -331,7 +344,7 @@ def test_the_data_stage_sorts_a_shards_prompts_by_length_only_when_asked(tmp_pat
     prompts.write_text("".join(json.dumps({"prompt": "Say " + "more " * n + "now."}) + "\n" for n in words))
     batches = []
     generate = training._generate
-    monkeypatch.setattr(training, "_generate", lambda target, ids, *args, **kwargs: batches.append(
+    monkeypatch.setattr(training.data, "_generate", lambda target, ids, *args, **kwargs: batches.append(
         [len(prompt) for prompt in ids]) or generate(target, ids, *args, **kwargs))
 
     def shards(run, **recipe):
@@ -353,15 +366,13 @@ def test_the_data_stage_sorts_a_shards_prompts_by_length_only_when_asked(tmp_pat
         shards("plain", sort_by_length=True)
     with pytest.raises(ValueError, match="made with --sort-by-length: pass --sort-by-length"):
         shards("sorted")
-    record = tmp_path / "plain" / "data" / "prompts.json"  # runs made before the option recorded nothing
+    record = tmp_path / "plain" / "data" / "prompts.json"  # a record without the option: made without it
     record.write_text(json.dumps({key: value for key, value in json.loads(record.read_text()).items()
                                   if key != "sort_by_length"}))
     assert shards("plain") == plain
 
 
 def test_the_data_stage_answers_a_conversation_after_its_last_user_turn(tmp_path):
-    from eagle_mdsd import models
-
     tokenizer = _embedded_tokenizer()
     model = _tiny_run(tmp_path / "tiny", tokenizer)
     turns = [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "Blue."},
@@ -413,10 +424,10 @@ def test_an_interrupted_training_run_resumes_to_the_same_head(tmp_path, monkeypa
             raise KeyboardInterrupt
         return real_loss(*args, **kwargs)
 
-    monkeypatch.setattr(training, "head_loss", interrupted)
+    monkeypatch.setattr(training.trainer, "head_loss", interrupted)
     with pytest.raises(KeyboardInterrupt):
         _train(parts, model, **settings)
-    monkeypatch.setattr(training, "head_loss", real_loss)
+    monkeypatch.setattr(training.trainer, "head_loss", real_loss)
     assert torch.load(parts / "checkpoint.pt", weights_only=False)["state"]["step"] == steps // 2
     with pytest.raises(ValueError, match="seed 0, not 1"):
         _train(parts, model, seed=1, **settings)
@@ -426,40 +437,76 @@ def test_an_interrupted_training_run_resumes_to_the_same_head(tmp_path, monkeypa
     assert all(torch.equal(heads[0][key], heads[1][key]) for key in heads[0])
 
 
+def test_the_learning_rate_warms_up_then_decays_on_a_cosine_to_zero():
+    peak, warm = 1e-3, training.trainer.WARMUP_STEPS
+    warming = [training.learning_rate(peak, step, 0.0) for step in range(warm)]
+    assert warming[0] == pytest.approx(peak / warm) and warming[-1] == pytest.approx(peak)
+    assert all(a < b for a, b in zip(warming, warming[1:]))
+    decay = [training.learning_rate(peak, 10 * warm, along / 10) for along in range(11)]
+    assert decay[0] == pytest.approx(peak) and decay[5] == pytest.approx(peak / 2) and decay[10] == pytest.approx(0)
+    assert all(a > b for a, b in zip(decay, decay[1:]))
+    assert training.learning_rate(peak, 10 * warm, 1.5) == pytest.approx(0)  # past the end it stays at 0
+
+
+def test_the_schedule_position_is_the_steps_or_the_minutes_whichever_is_further():
+    assert training.schedule_position(25, 100) == 0.25
+    assert training.schedule_position(25, 100, scheduled_s=600.0) == 0.25  # without minutes, time does not count
+    assert training.schedule_position(25, 100, scheduled_s=30.0, schedule_minutes=1.0) == 0.5
+    assert training.schedule_position(75, 100, scheduled_s=30.0, schedule_minutes=1.0) == 0.75
+
+
+def test_a_checkpoint_resumes_only_with_the_options_it_was_trained_with(tmp_path):
+    checkpoint = tmp_path / "checkpoint.pt"
+    recipe = training.TrainRecipe(unroll=2, draft_vocab=64, data_from=("a", "b"))
+    state = recipe.saved() | {"step": 3, "log": []}
+    training.check_resumable(checkpoint, state, dataclasses.replace(recipe, lr=1.0, epochs=3))  # not recorded
+    for changed, message in ((dict(unroll=1), "--unroll 2, not 1"), (dict(data_from=()), "--data-from a b, not (none)"),
+                             (dict(draft_vocab=None), "--draft-vocab 64, not full")):
+        with pytest.raises(UsageError, match=rf"{checkpoint} was trained with {re.escape(message)}: pass the same"):
+            training.check_resumable(checkpoint, state, dataclasses.replace(recipe, **changed))
+    recorded_nothing = {"step": 3, "log": []}  # the defaults are what such a checkpoint was trained with
+    training.check_resumable(checkpoint, recorded_nothing, training.TrainRecipe())
+    with pytest.raises(UsageError, match="--seed 0, not 1"):
+        training.check_resumable(checkpoint, recorded_nothing, training.TrainRecipe(seed=1))
+
+
 def _talkative(folder, tokenizer, monkeypatch):
     """The tiny run's model with its logits pushed towards a handful of words and the end of turn, so that
     it writes short messages; models.load_target answers with it."""
-    from eagle_mdsd import models
-
     model = models.load_target(_tiny_run(folder, tokenizer))[0]
     bias = torch.zeros(len(tokenizer))
     words = [tokenizer.encode(w, add_special_tokens=False)[0] for w in (" cats", " dogs", " why", " how", " fly")]
     bias[words] = 12.0
     bias[models.eos_token_ids(model, tokenizer)] = 12.0
     model.lm_head.register_forward_hook(lambda module, inputs, output: output + bias)
-    monkeypatch.setattr(training.models, "load_target", lambda *args, **kwargs: (model, tokenizer))
+    monkeypatch.setattr(models, "load_target", lambda *args, **kwargs: (model, tokenizer))
 
 
-def test_self_written_prompts_resume_and_skip_benchmark_questions(tmp_path, monkeypatch):
+def test_self_written_prompts_are_as_many_as_asked_resume_and_skip_benchmark_questions(tmp_path, monkeypatch):
     tokenizer = _embedded_tokenizer()
     _talkative(tmp_path / "model", tokenizer, monkeypatch)
-    whole = training.self_prompts(tmp_path / "whole", 40, batch_size=8, max_tokens=12)
+    whole = training.self_prompts(tmp_path / "whole", 41, batch_size=8, max_tokens=12)
     records = [json.loads(line) for line in whole.read_text().splitlines()]
     texts = [training._normalise(r["prompt"]) for r in records]
-    assert len(records) >= 40 and len(set(texts)) == len(texts)
+    assert len(records) == 41 and len(set(texts)) == len(texts)  # as many as asked, whatever a batch keeps
     assert all(len(t.split()) >= 3 for t in texts) and not set(texts) & training.benchmark_texts()
     assert [r["prompt"] for r in training.load_prompts([whole])] == [r["prompt"] for r in records]
+
+    # asked for fewer, then for all: the file of one call that asked for all
+    fewer = tmp_path / "fewer"
+    assert len(jsonl.records(training.self_prompts(fewer, 13, batch_size=8, max_tokens=12))) == 13
+    assert training.self_prompts(fewer, 41, batch_size=8, max_tokens=12).read_text() == whole.read_text()
 
     # stopped after two batches with half a line written: the rerun drops the half line and continues alike
     part = tmp_path / "part" / "self_prompts.jsonl"
     part.parent.mkdir()
     first_two = [line for line in whole.read_text().splitlines(keepends=True) if json.loads(line)["batch"] < 2]
     part.write_text("".join(first_two) + first_two[-1][:15])
-    assert training.self_prompts(part.parent, 40, batch_size=8, max_tokens=12).read_text() == whole.read_text()
+    assert training.self_prompts(part.parent, 41, batch_size=8, max_tokens=12).read_text() == whole.read_text()
 
     # a benchmark question the model happens to write is dropped
     planted = questions.load("spec_bench")[0]["turns"][0]
-    monkeypatch.setattr(training.models, "load_target", lambda *a, **k: (_Parrot(tokenizer, planted), tokenizer))
+    monkeypatch.setattr(models, "load_target", lambda *a, **k: (_Parrot(tokenizer, planted), tokenizer))
     with pytest.raises(ValueError, match="cannot write its own prompts"):
         training.self_prompts(tmp_path / "parrot", 5, batch_size=2, max_tokens=400)
     assert not (tmp_path / "parrot" / "self_prompts.jsonl").read_text()
@@ -471,7 +518,7 @@ def test_self_written_prompts_start_with_their_batch_opener(tmp_path, monkeypatc
     openers = ["Write a poem about", "Explain"]
     path = training.self_prompts(tmp_path / "steered", 30, batch_size=8, max_tokens=12, openers=openers)
     records = [json.loads(line) for line in path.read_text().splitlines()]
-    assert len(records) >= 30 and {r["batch"] % 2 for r in records} == {0, 1}
+    assert len(records) == 30 and {r["batch"] % 2 for r in records} == {0, 1}
     for record in records:
         opener = openers[record["batch"] % 2]
         assert record["prompt"].startswith(opener)
@@ -620,23 +667,24 @@ def test_multi_step_training_from_a_trained_head(tmp_path):
                        **settings)
 
 
-@pytest.mark.parametrize("option, value, message", [
-    ("--lr", "-1", "must be a number above 0, got -1"),  # trained with the gradient's sign flipped
-    ("--epochs", "0", "must be a number above 0, got 0"),
-    ("--max-minutes", "nan", "must be a number above 0, got nan"),
-    ("--tokens-per-batch", "0", "must be at least 1, got 0"),
-    ("--batch-size", "0", "must be at least 1, got 0"),
-    ("--shard-size", "0", "must be at least 1, got 0"),
-    ("--count", "0", "must be at least 1, got 0"),
-    ("--max-prompts", "0", "must be at least 1, got 0"),
+@pytest.mark.parametrize("stage, option, value, message", [
+    ("train", "--lr", "-1", "must be a number above 0, got -1"),  # trained with the gradient's sign flipped
+    ("train", "--epochs", "0", "must be a number above 0, got 0"),
+    ("train", "--max-minutes", "nan", "must be a number above 0, got nan"),
+    ("train", "--tokens-per-batch", "0", "must be at least 1, got 0"),
+    ("data", "--batch-size", "0", "must be at least 1, got 0"),
+    ("prompts", "--batch-size", "0", "must be at least 1, got 0"),
+    ("data", "--shard-size", "0", "must be at least 1, got 0"),
+    ("prompts", "--count", "0", "must be at least 1, got 0"),
+    ("data", "--max-prompts", "0", "must be at least 1, got 0"),
 ])
-def test_train_head_numbers_out_of_range_are_refused_by_the_parser(option, value, message, capsys):
+def test_train_head_numbers_out_of_range_are_refused_by_the_parser(stage, option, value, message, capsys):
     from eagle_mdsd import cli
 
     with pytest.raises(SystemExit):
-        cli.build_parser().parse_args(["train-head", "train", option, value])
+        cli.build_parser().parse_args(["train-head", stage, option, value])
     assert f"argument {option}: {message}" in capsys.readouterr().err
-    assert cli.build_parser().parse_args(["train-head", "train", option, "3"])  # a number in range is taken
+    assert cli.build_parser().parse_args(["train-head", stage, option, "3"])  # a number in range is taken
 
 
 def _options(words: list[str]) -> dict[str, list[str]]:
@@ -663,9 +711,8 @@ def _options(words: list[str]) -> dict[str, list[str]]:
 def test_the_reproduction_script_runs_the_readmes_recipe_and_judges_the_tolerance(tmp_path, rerun_answers,
                                                                                     rerun_top1, swapped, verdict):
     """scripts/reproduce_head.sh runs docs/training.md's recipe commands (option for option; each stage resumes by
-    itself) and judges the rerun against the shipped head: here on answer files of two heads measured
-    2026-11-24 and 2026-11-26 (the shipped head's, the one recipe's and the two lengthened ones'), standing in for the
-    bench runs."""
+    itself) and judges the rerun against the shipped head: here on stored answer files of heads (the shipped
+    head's, the recipe's and two lengthened ones'), standing in for the bench runs."""
     root = Path(__file__).resolve().parents[1]
     answers = root / "evaluation" / "answers"
     run = tmp_path / "run"

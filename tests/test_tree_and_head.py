@@ -11,8 +11,8 @@ import warnings
 import pytest
 import torch
 
-from eagle_mdsd import head, tree
-from eagle_mdsd.errors import UsageError
+from eagle_mdsd import checkpoint, head, tree
+from eagle_mdsd.errors import MissingFile, UsageError
 
 from tiny import tiny_target
 
@@ -63,6 +63,17 @@ def test_tree_files(tmp_path):
     with pytest.raises(ValueError, match="unknown tree 'nope'"):
         tree.load("nope")
     assert tree.load("chain9").size == 9
+
+
+def test_a_name_finds_the_shipped_trees_from_any_folder_and_a_tree_of_tree_configs_there(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert tree.load("eagle_default").size == 25  # from the package, not the working directory
+    (tmp_path / "tree_configs").mkdir()
+    (tmp_path / "tree_configs" / "measured.json").write_text(json.dumps({"paths": [[0], [1]]}))
+    (tmp_path / "tree_configs" / "chain4.json").write_text(json.dumps({"paths": [[0]]}))
+    assert tree.load("measured").paths == ((0,), (1,))
+    assert tree.load("chain4").size == 4  # a shipped name keeps its shipped tree
+    assert {"eagle_default", "measured", "sequoia_cpu"} <= set(tree.names())
 
 
 def head_logits(draft_head, target):
@@ -160,8 +171,8 @@ def test_a_head_id_the_hub_cannot_give_is_a_one_line_error(monkeypatch):
         raise OSError("We couldn't connect to the hub.\nCheck your internet connection.")
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
-    with pytest.raises(UsageError) as error:
-        head.resolve("runs/no_such_head")
+    with pytest.raises(MissingFile) as error:
+        checkpoint.head_folder("runs/no_such_head")
     assert str(error.value).startswith("draft head runs/no_such_head is no folder here and the hub did not give it")
     assert "\n" not in str(error.value)
 
@@ -196,7 +207,7 @@ def test_cuda_without_a_gpu_is_a_one_line_error(command, tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--p", "[0.5, 0.6]", "--q", "[0.5, 0.5]"], "--p sums to 1.1, not 1"),  # was normalised away, acceptance 1.0
+    (["--p", "[0.5, 0.6]", "--q", "[0.5, 0.5]"], "--p sums to 1.1, not 1"),  # not normalised away
     (["--p", "[0.5, 0.5]", "--q", "[0.5, NaN]"], "--q must hold finite, non-negative probabilities"),
     (["--p", "[0.5, 0.5]", "--q", "[1.5, -0.5]"], "--q must hold finite, non-negative probabilities"),
 ])

@@ -1,23 +1,100 @@
-"""Reading a head's weights: model.safetensors through safetensors, or pytorch_model.bin through torch.load.
+"""What both head kinds (EAGLE-1 in head.py, EAGLE-3 in eagle3.py) share: the Llama config of a head over a
+target or from a config.json, finding a head's folder, and reading, checking and writing its weights.
 
-Every failure of the file itself - corrupt or truncated, a missing or unexpected key, a tensor of the wrong
-shape or of a type that is no floating point - is a one-line `UsageError` naming the file and the key.  A
-safetensors file is checked from its header alone, so a bad head is refused before any model loads.
+Weights are model.safetensors, read through safetensors, or pytorch_model.bin, read through torch.load.  Every
+failure of the file itself - corrupt or truncated, a missing or unexpected key, a tensor of the wrong shape or
+of a type that is no floating point - is a one-line `UsageError` naming the file and the key.  A safetensors
+file is checked from its header alone, so a bad head is refused before any model loads.
 """
 
 from __future__ import annotations
 
+import json
 import pickle
 import zipfile
 from pathlib import Path
 
 import torch
 
-from .errors import UsageError
+from .errors import MissingFile, UsageError
+from .models import hub_offline
+from .validate import is_int
 
 FILES = ("model.safetensors", "pytorch_model.bin")
 FLOATS = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64}
 REFETCH = "replace it with a complete copy of the head (download or export it again)"
+
+
+def head_config_for(target_config):
+    """A Llama config for a head over `target_config` (hidden size, heads, vocabulary)."""
+    from transformers import LlamaConfig
+
+    names = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "vocab_size",
+             "rms_norm_eps", "max_position_embeddings", "rope_theta", "hidden_act")
+    values = {name: getattr(target_config, name) for name in names if getattr(target_config, name, None) is not None}
+    rope = getattr(target_config, "rope_parameters", None)
+    config = LlamaConfig(**values, num_hidden_layers=1, attention_bias=False, mlp_bias=False)
+    if isinstance(rope, dict) and rope.get("rope_theta") is not None and hasattr(config, "rope_parameters"):
+        config.rope_parameters = {"rope_type": "default", "rope_theta": rope["rope_theta"]}
+    config.head_dim = target_config.hidden_size // target_config.num_attention_heads
+    return config
+
+
+def config_fault(error: BaseException) -> str:
+    """The last line of a transformers config's validation error (its first lines name the validator)."""
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    return lines[-1][:160] if lines else type(error).__name__
+
+
+def llama_config(values: dict, spec: str, **extra):
+    """A LlamaConfig from a head's config.json values; a value transformers refuses is a one-line error."""
+    from transformers import LlamaConfig
+
+    for name in ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size"):
+        if name in values and not (is_int(values[name]) and values[name] > 0):
+            raise UsageError(f"draft head {spec}: config.json's {name} must be a whole number above 0, not "
+                             f"{json.dumps(values[name])[:40]}: use the config.json that came with the head")
+    try:
+        return LlamaConfig(**values, **extra)
+    except Exception as error:  # transformers' strict validation raises its own classes besides TypeError
+        raise UsageError(f"draft head {spec}: config.json does not make a Llama config ({config_fault(error)}): "
+                         f"use the config.json that came with the head") from None
+
+
+def head_folder(spec: str) -> Path:
+    """A head's folder: a local folder, or a hub id downloaded with huggingface_hub (needs network)."""
+    path = Path(spec)
+    if path.exists():
+        return path
+    if "/" in spec and not spec.startswith((".", "/")):
+        from huggingface_hub import snapshot_download
+
+        offline = hub_offline()  # then only a copy in the hub's cache, at once
+        try:
+            return Path(snapshot_download(spec, allow_patterns=["config.json", "*.bin", "*.safetensors"],
+                                          local_files_only=offline))
+        except Exception as error:  # no network, no such repository, ...: the hub's own message runs to lines
+            why = "the hub is out of reach and its cache has no copy" if offline else type(error).__name__
+            raise MissingFile(f"draft head {spec} is no folder here and the hub did not give it ({why}): give a "
+                              f"folder with config.json and weights, or a hub id with network") from None
+    raise MissingFile(f"draft head {spec} does not exist: give a folder with config.json and weights")
+
+
+def read_weights(folder: Path) -> dict:
+    """The state dict of a head folder: model.safetensors, else pytorch_model.bin; a file that cannot be read
+    is a one-line error naming it."""
+    return load(weights_file(folder, "draft head"))
+
+
+def write_weights(state: dict, folder: Path, safetensors: bool) -> None:
+    """`state` on the CPU as folder/model.safetensors or folder/pytorch_model.bin."""
+    state = {key: value.detach().to("cpu").contiguous() for key, value in state.items()}
+    if safetensors:
+        from safetensors.torch import save_file
+
+        save_file(state, folder / "model.safetensors")
+    else:
+        torch.save(state, folder / "pytorch_model.bin")
 
 
 def weights_file(folder: Path, what: str) -> Path:
@@ -25,8 +102,8 @@ def weights_file(folder: Path, what: str) -> Path:
     for name in FILES:
         if (Path(folder) / name).is_file():
             return Path(folder) / name
-    raise UsageError(f"{what} {folder} has neither model.safetensors nor pytorch_model.bin: give a folder with "
-                     f"config.json and one of them")
+    raise MissingFile(f"{what} {folder} has neither model.safetensors nor pytorch_model.bin: give a folder with "
+                      f"config.json and one of them")
 
 
 def _unreadable(path: Path, why: str) -> UsageError:

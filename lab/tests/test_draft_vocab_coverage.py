@@ -1,4 +1,4 @@
-"""evaluation/draft_vocab_coverage.py: the share of answer tokens a draft vocabulary leaves out."""
+"""lab/draft_vocab_coverage.py: the share of answer tokens a draft vocabulary leaves out."""
 
 from __future__ import annotations
 

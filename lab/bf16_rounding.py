@@ -19,7 +19,7 @@ tokens) whether the engine's tokens equal `generate`'s with the engine's attenti
 attention. Last, each linear layer of decoder layer 0 on M random rows against M one-row products: the part
 per-row attention leaves. Writes evaluation/results/bf16_rounding_<date>.md.
 
-    .venv/bin/python evaluation/bf16_rounding.py [--questions 8]
+    .venv/bin/python lab/bf16_rounding.py [--questions 8]
 """
 
 from __future__ import annotations
@@ -27,13 +27,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+import harness
 from eagle_mdsd import benchmarks, checks, engine, head, kernels, models, questions, tree
 from eagle_mdsd.cache import KVCache
 
@@ -210,7 +210,7 @@ def main() -> None:
     sizes = (2, 4, 8, 16, 26, 32)
     kind = "Packed" if packed else "Stock"
     page = benchmarks.write_page(
-        Path(__file__).resolve().parent / "results", "bf16_rounding",
+        harness.RESULTS, "bf16_rounding",
         "Where a bf16 tree forward first rounds differently from a one-token step",
         f"{kind} linear kernels. "
         f"Embedded default in bf16, the first turns of the first {args.questions} MT-Bench questions; after the "
@@ -223,7 +223,7 @@ def main() -> None:
         "the root only (26 rows), and for the root row alone over those keys. The last column: the first module "
         "that still differs when every tree row's attention is a call of its own over a gathered copy of the keys "
         "it sees, without a mask (`per_row_sdpa`: the call a one-token step makes). Command: "
-        f"`.venv/bin/python evaluation/bf16_rounding.py --questions {args.questions}`.",
+        f"`.venv/bin/python lab/bf16_rounding.py --questions {args.questions}`.",
         ["| question | prompt tokens | first module | same inputs | tree call = step | over the root's own keys = "
          "step | the root row alone over them = step | first module, attention per row |",
          "|---|---|---|---|---|---|---|---|", *rows_out, "",

@@ -1,4 +1,4 @@
-"""evaluation/long_answers.py's repeat split and its comparison of long and short answers."""
+"""lab/long_answers.py's repeat split and its comparison of long and short answers."""
 
 import json
 

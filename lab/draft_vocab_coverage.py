@@ -7,7 +7,7 @@ re-tokenises each answer turn with the target's tokenizer (answer files keep the
 text, not the ids) and prints, for each N, the share of those tokens outside the
 N most frequent:
 
-    .venv/bin/python evaluation/draft_vocab_coverage.py evaluation/answers/tv_head/tv-eagle_default-t0.jsonl
+    .venv/bin/python lab/draft_vocab_coverage.py evaluation/answers/tv_head/tv-eagle_default-t0.jsonl
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ re-tokenised with the target's tokenizer; the page says how many re-tokenised
 turns have exactly the turn's token count (the others are left out of the
 repeat split, whose positions they would shift).
 
-    .venv/bin/python evaluation/long_answers.py
+    .venv/bin/python lab/long_answers.py
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import harness
 from eagle_mdsd import bench, benchmarks, cli, models, report
 
-ROOT = Path(__file__).resolve().parent
-SHORT = ROOT / "answers" / "draft_vocab_head13" / "8192-eagle_default-t0.jsonl"  # 128 tokens a turn, 2026-11-24
+SHORT = harness.ANSWERS / "draft_vocab_head13" / "8192-eagle_default-t0.jsonl"  # 128 tokens a turn, 2026-11-24
 NGRAM = 8  # a token is inside a repeat when the NGRAM tokens ending at it occurred earlier in the turn
 
 
@@ -87,7 +87,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=1024)
     parser.add_argument("--ngram", type=int, default=NGRAM, help="a token is inside a repeat when the n tokens ending "
                                                               "at it occurred earlier in the turn")
-    parser.add_argument("--answers", default=str(ROOT / "answers" / "mt_bench_80_1024" /
+    parser.add_argument("--answers", default=str(harness.ANSWERS / "mt_bench_80_1024" /
                                                  "shipped-eagle_default-t0.jsonl"))
     args = parser.parse_args()
     if args.max_new_tokens < 1 or args.ngram < 1:
@@ -118,13 +118,13 @@ def main() -> None:
         tokens, cycles = split[kind]
         table.append(f"| {what} | {cycles} | {tokens} | {tokens / cycles if cycles else float('nan'):.2f} |")
     page = benchmarks.write_page(
-        ROOT / "results", "long_answers", "Tau on MT-Bench with long answers",
+        harness.RESULTS, "long_answers", "Tau on MT-Bench with long answers",
         f"Embedded default (SmolLM2-135M-Instruct), shipped head, bf16, T = 0, eagle_default, topk/topk, draft "
         f"vocabulary auto; all 80 MT-Bench questions, both turns, at most {args.max_new_tokens} new tokens a turn "
         "(EAGLE's and Spec-Bench's limit; the main benchmark and the goal's tau use 128). Tau = new tokens / "
         "target cycles. The 128-token row is the 2026-11-24 run on another AMD EPYC host (its tokens/s are not "
         f"comparable); {same} of {shared} long first turns begin with its first turn's cycles and text. Command: "
-        "`.venv/bin/python evaluation/long_answers.py`.", table)
+        "`.venv/bin/python lab/long_answers.py`.", table)
     print(page.read_text())
 
 

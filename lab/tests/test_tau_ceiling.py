@@ -1,4 +1,4 @@
-"""evaluation/tau_ceiling.py: its replay of the decoder's T = 0 tree walks must be the decoder's own."""
+"""lab/tau_ceiling.py: its replay of the decoder's T = 0 tree walks must be the decoder's own."""
 
 import json
 

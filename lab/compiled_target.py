@@ -15,7 +15,7 @@ kernels), stock weights. The compiled arm's first call per shape (the
 compile) is reported apart, with the largest difference between the arms'
 features. Writes evaluation/results/compiled_target_<date>.md.
 
-    .venv/bin/python evaluation/compiled_target.py [--contexts 300,600] [--calls 30]
+    .venv/bin/python lab/compiled_target.py [--contexts 300,600] [--calls 30]
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
+import harness
 from eagle_mdsd import benchmarks, engine, kernels, models
 from eagle_mdsd.cache import KVCache
 from eagle_mdsd.tree import additive_mask
@@ -106,7 +106,7 @@ def main() -> None:
                          f"{result['max_difference']:.3g} |")
             print(table[-1], flush=True)
     page = benchmarks.write_page(
-        Path(__file__).resolve().parent / "results", "compiled_target",
+        harness.RESULTS, "compiled_target",
         "The engine's target forward, eager on packed kernels and compiled by inductor",
         f"Embedded default (SmolLM2-135M-Instruct), bf16; random context and row tokens; a call of R rows is the "
         f"engine's target call over a chain of R tokens after the context (its tree mask; 1 row without a mask, as "
@@ -114,7 +114,7 @@ def main() -> None:
         f"Compiled: `torch.compile(dynamic=True)` of the decoder, inductor freezing on, stock weights; first call "
         f"per row count = its compile (the shapes after it reuse or recompile). Median of {args.calls} calls per "
         f"arm, the arms taking turns. Max difference: the largest |feature| difference between the arms (bf16 "
-        f"features of magnitude up to ~10). Command: `.venv/bin/python evaluation/compiled_target.py --contexts "
+        f"features of magnitude up to ~10). Command: `.venv/bin/python lab/compiled_target.py --contexts "
         f"{args.contexts} --calls {args.calls}`.",
         ["| context | rows (tree) | eager ms | compiled ms | eager / compiled | first compiled call, s | "
          "max difference |", "|---|---|---|---|---|---|---|", *table])

@@ -13,7 +13,7 @@ extraction from a given text), and prompt-lookup drafts lift tau there from 2.74
 The requests are our own generic wordings, none of them a benchmark question (the data stage drops
 those anyway).  Deterministic for a seed.
 
-    .venv/bin/python evaluation/copy_prompts.py --out runs/copy/prompts.jsonl --count 2048
+    .venv/bin/python lab/copy_prompts.py --out runs/copy/prompts.jsonl --count 2048
 
 `--copy-rate RUN` instead reports how much the answers of a data run copy: the share of answer 3-grams (token
 ids) that occur in their prompt.

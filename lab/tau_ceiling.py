@@ -26,7 +26,7 @@ earlier run decoded, in minutes instead of a quarter of an hour (its replay
 with its own features is then its decoder's tau, as the check shows; no
 decoder row).  Writes evaluation/results/tau_ceiling[_HEAD]_<date>.md.
 
-    .venv/bin/python evaluation/tau_ceiling.py [--questions N] [--head PATH] [--answers-of FILE]
+    .venv/bin/python lab/tau_ceiling.py [--questions N] [--head PATH] [--answers-of FILE]
 """
 
 from __future__ import annotations
@@ -38,11 +38,11 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+import harness
 from eagle_mdsd import bench, benchmarks, engine, jsonl, models, questions, report, training
 from eagle_mdsd import head as head_module
 from eagle_mdsd import tree as tree_module
 
-ROOT = Path(__file__).resolve().parent
 MAX_NEW_TOKENS = 128  # the goal's setting
 UNRANKED = 1 << 30  # the target's token is outside the draft vocabulary: no child holds it
 SHIFTS = (1, 2, 3)
@@ -229,11 +229,11 @@ def run(args) -> Path:
                 for key in ("decoder",) * measured + ("own", "target")]
         lines.append(f"| {category} | {len(picked)} | " + " | ".join(f"{t:.3f}" for t in taus) + " |")
     return benchmarks.write_page(
-        ROOT / "results", "tau_ceiling" + ("" if Path(args.head) == models.DEFAULT_HEAD else f"_{Path(args.head).name}"),
+        harness.RESULTS, "tau_ceiling" + ("" if Path(args.head) == models.DEFAULT_HEAD else f"_{Path(args.head).name}"),
         f"tau ceiling of the head's one-step accuracy ({args.tree}, T = 0)",
         f"Embedded default (SmolLM2-135M-Instruct), float32, head `{Path(args.head).name}`, tree {args.tree}, "
         f"draft vocabulary {len(rows)} tokens, the first {len(chosen)} MT-Bench questions, both turns, at most "
-        f"{MAX_NEW_TOKENS} new tokens a turn. Command: `.venv/bin/python evaluation/tau_ceiling.py"
+        f"{MAX_NEW_TOKENS} new tokens a turn. Command: `.venv/bin/python lab/tau_ceiling.py"
         + (f" --questions {args.questions}" if args.questions != 80 else "")
         + (f" --head {args.head}" if Path(args.head) != models.DEFAULT_HEAD else "")
         + (f" --tree {args.tree}" if args.tree != "eagle_default" else "")

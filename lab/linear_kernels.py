@@ -9,16 +9,16 @@ evaluation/results/kernels_<date>.md with the weights read per second, the
 26 rows' arithmetic rate and, for scale, the rate of one large product (this
 CPU's ceiling for matrix products in that dtype).
 
-    .venv/bin/python evaluation/linear_kernels.py
+    .venv/bin/python lab/linear_kernels.py
 """
 
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import torch
 
+import harness
 from eagle_mdsd import benchmarks, kernels
 
 SHAPES = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)] * 30  # (out, in)
@@ -69,10 +69,10 @@ def main() -> None:
         rows_out.append(f"| {label} | " + " | ".join(cells) + " |")
         print(rows_out[-1])
     page = benchmarks.write_page(
-        Path(__file__).resolve().parent / "results", "kernels",
+        harness.RESULTS, "kernels",
         "Linear layers of one SmolLM2-135M step, stock and packed kernels",
         "The 210 products of the 30 decoder layers (random weights of the real shapes, no lm_head), best of 7 "
-        "passes. Command: `.venv/bin/python evaluation/linear_kernels.py`.",
+        "passes. Command: `.venv/bin/python lab/linear_kernels.py`.",
         ["| kernel | 1 row: ms | GB/s | 26 rows: ms | GB/s | 26 rows: GFLOP/s |", "|---|---|---|---|---|---|",
          *rows_out, "", "For scale, one 2048 x 2048 x 2048 product (best of 5): "
          + ", ".join(f"{name} {large_product_gflops(dtype):.0f} GFLOP/s"

@@ -1,4 +1,4 @@
-"""evaluation/compiled_target.py: the compiled arm computes the engine's target call, and the context stays put."""
+"""lab/compiled_target.py: the compiled arm computes the engine's target call, and the context stays put."""
 
 from __future__ import annotations
 

@@ -1,0 +1,48 @@
+"""The `eagle-mdsd` command: one module per subcommand, each adding its parser with `add_parser`.
+
+Bad input raises `errors.UsageError`, which `main` prints as one line with exit status 2 (the parser's own errors
+are one line too, `validate.Parser`); Ctrl-C ends in one line saying what was kept, with exit status 130; any
+other exception is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+
+# torch's CPU allocator asks for transparent huge pages for tensors of 2 MB and more, read once before the first
+# allocation: head training allocates large logits every step, whose page faults on 4 KB pages cost a large
+# share of a CPU step (docs/training.md).
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+
+from .. import errors, validate  # noqa: E402
+from . import (acceptance, bench, bench_core, benchmark, check_greedy, generate, pairs, report,  # noqa: E402
+               sequoia, study, sweep, train_head)  # (imports torch)
+from .options import METHODS  # noqa: E402,F401  (the methods every subcommand offers, defined in suite)
+
+SUBCOMMANDS = (pairs, acceptance, generate, check_greedy, train_head, bench, report, benchmark, sweep, sequoia, study,
+               bench_core)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = validate.Parser(prog="eagle-mdsd", description="Tree-based speculative decoding with EAGLE draft heads.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for subcommand in SUBCOMMANDS:
+        subcommand.add_parser(sub)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    args.command_line = "eagle-mdsd " + shlex.join(sys.argv[1:] if argv is None else argv)  # what pages name
+    try:
+        args.fn(args)
+    except errors.UsageError as error:
+        print(f"eagle-mdsd: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt as stop:  # Ctrl-C: one line (errors.Interrupted says what was kept), no traceback
+        print(f"eagle-mdsd: interrupted: {errors.interrupted_message(stop, args.command)}", file=sys.stderr)
+        return 130
+    return 0

@@ -1,0 +1,61 @@
+"""`eagle-mdsd acceptance`: every lossless pair's acceptance rate and alpha* for one node's p and q."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from .. import drafting, theory, verification
+from ..errors import UsageError
+from . import options
+
+
+def add_parser(sub) -> None:
+    parser = sub.add_parser("acceptance", help="acceptance of every pair and alpha* for one node's p and q")
+    parser.add_argument("--p", required=True, help="target distribution, JSON list")
+    parser.add_argument("--q", required=True, help="draft distribution, JSON list")
+    parser.add_argument("--n", type=options.count(1), default=2, help="number of drafts (default 2)")
+    parser.add_argument("--json", action="store_true")
+    parser.set_defaults(fn=run)
+
+
+def distribution(text: str, what: str) -> list[float]:
+    """The probabilities of --p or --q; anything that is not a distribution is a usage error."""
+    try:
+        values = json.loads(text)
+    except json.JSONDecodeError:
+        raise UsageError(f"--{what} must be a JSON list of probabilities such as [0.5, 0.3, 0.2]") from None
+    if not isinstance(values, list) or not values or not all(isinstance(v, (int, float)) for v in values):
+        raise UsageError(f"--{what} must be a JSON list of probabilities such as [0.5, 0.3, 0.2]")
+    values = [float(v) for v in values]
+    if not all(math.isfinite(v) and v >= 0 for v in values):
+        raise UsageError(f"--{what} must hold finite, non-negative probabilities, got {text}")
+    total = math.fsum(values)
+    if abs(total - 1) > 1e-6:  # a typo in one entry would otherwise be normalised away unseen
+        raise UsageError(f"--{what} sums to {total:g}, not 1: give probabilities that add up to 1")
+    return values
+
+
+def run(args) -> None:
+    p, q = distribution(args.p, "p"), distribution(args.q, "q")
+    if len(p) != len(q):
+        raise UsageError(f"--p has {len(p)} tokens but --q has {len(q)}: give both over the same vocabulary")
+    rows = []
+    for scheme, verifier in verification.pairs():
+        n = 2 if scheme == "spechub" else args.n
+        if scheme == "spechub" and args.n != 2:
+            continue
+        try:
+            drafting.get(scheme).check(n, len(p))
+        except ValueError:
+            continue  # the scheme cannot draw n drafts from this vocabulary: no row
+        rate = theory.acceptance_rate(scheme, verifier, p, q, n)
+        rows.append({"scheme": scheme, "verifier": verifier, "n": n, "acceptance": float(rate),
+                     "ci95_half_width": rate.half_width,
+                     "alpha_star": theory.optimal_acceptance(p, q, n, scheme)})
+    if args.json:
+        print(json.dumps(rows))
+        return
+    print(f"{'scheme':20s} {'verifier':8s} {'acceptance':>10s} {'alpha*':>8s}")
+    for row in rows:
+        print(f"{row['scheme']:20s} {row['verifier']:8s} {row['acceptance']:10.6f} {row['alpha_star']:8.6f}")

@@ -1,0 +1,434 @@
+"""The T = 0 cycle on the device: state in device tensors, two fixed-shape functions a cycle, one transfer.
+
+With static caches (cache.py) a greedy cycle needs no host decision between drafting and verifying, so its
+state lives in device tensors and each phase is one function of fixed shapes that CUDA graphs replay
+(graphs.py):
+
+- `draft`: the head catches up on the pending pairs (padded to the most a cycle commits, so one shape serves
+  every cycle), then drafts the tree: a static tree level by level, one top-k a level; an EAGLE-2 tree grown
+  in fixed-size candidate buffers, reranked, and laid out (parents, depths, paths, mask) by tensor ops;
+- `verify`: the target's tree forward, lm_head, greedy acceptance, the KV gather of the accepted entries next
+  to the root, the next cycle's pending pairs, root and length, and the result the host reads.
+
+Every mask, position and cache slot is computed inside the functions from the device length, so a replay
+needs no input from the host.  The state is kept twice: a cycle reads one copy and writes the other (one
+graph per phase and parity), so no function writes what it reads and running one twice (a CUDA graph's
+warm-up does) gives the same result.  The host copies one small result tensor a cycle (accepted count, tokens, child ranks) and checks the
+token budget and EOS on it; where the budget cannot end the call, the next cycle is queued before the host
+waits for that copy.
+
+What stays on the older path (engine.py): T > 0, schemes other than topk, prompt-lookup trees and OPT-Tree,
+whose stopping rule depends on the drafted scores.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from . import drafting
+from .tree import Tree, layout
+
+
+def supports(topology, scheme_name: str) -> bool:
+    """Whether a tree's T = 0 cycle runs here: a static tree or EAGLE-2, drafted by top-k."""
+    if scheme_name != "topk" or topology.grafted:
+        return False
+    return topology.static or topology.name == "eagle2"
+
+
+@dataclass(frozen=True)
+class SampledPlan:
+    """How a static tree's nodes get their output tokens at T > 0: per child count, the internal nodes with that
+    many children, the row of each one's q among the stacked q of the tree's internal nodes (level by level) and
+    its children; the leaves; each node's children padded [N+1, W] and which of them are real."""
+
+    groups: tuple  # (nodes [R], q rows [R], children [R, count]) per child count
+    leaves: torch.Tensor
+    children: torch.Tensor
+    real: torch.Tensor
+
+    @staticmethod
+    def of(tree: Tree, device) -> "SampledPlan":
+        internal = [node for depth in range(tree.max_depth) for node in tree.internal(depth)]
+        row = {node: i for i, node in enumerate(internal)}
+        groups = []
+        for count in sorted({len(tree.children[node]) for node in internal}):
+            nodes = [node for node in internal if len(tree.children[node]) == count]
+            groups.append((torch.tensor(nodes, device=device), torch.tensor([row[n] for n in nodes], device=device),
+                           torch.tensor([tree.children[n] for n in nodes], device=device)))
+        width = max(len(kids) for kids in tree.children)
+        padded = [list(kids) + [0] * (width - len(kids)) for kids in tree.children]
+        real = [[True] * len(kids) + [False] * (width - len(kids)) for kids in tree.children]
+        return SampledPlan(tuple(groups), torch.tensor([n for n, kids in enumerate(tree.children) if not kids],
+                                                       device=device),
+                           torch.tensor(padded, device=device), torch.tensor(real, device=device))
+
+
+def sampled_outputs(plan: SampledPlan, p, q_internal, tokens, verifier, full_q, generator) -> torch.Tensor:
+    """Every node's output token [N+1], each distributed as p at that node: the verifier's draw against the node's
+    drafts where it has children (one batched call per child count), a draw of p at a leaf.  Each node's draw is
+    independent of the others', so drawing all of them before the walk leaves the walk's distribution as it is.
+    full_q: q rows over the draft vocabulary -> over the whole vocabulary."""
+    outputs = torch.zeros(len(tokens), dtype=torch.long, device=tokens.device)
+    for nodes, rows, children in plan.groups:
+        drafts = tokens.index_select(0, children.reshape(-1)).view(children.shape)
+        drawn = verifier.sample_batch(p.index_select(0, nodes), full_q(q_internal.index_select(0, rows)), drafts,
+                                      generator)
+        outputs.index_copy_(0, nodes, drawn)
+    if len(plan.leaves):
+        outputs.index_copy_(0, plan.leaves, drafting.draw(p.index_select(0, plan.leaves), 1, generator)[:, 0])
+    return outputs
+
+
+def sampled_walk(plan: SampledPlan, outputs, tokens, levels: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(path [levels + 1], accepted [1]): from the root into the first child holding the node's output, while one
+    does; the path is padded with its last node, as tree.Layout's paths are."""
+    node = torch.zeros(1, dtype=torch.long, device=tokens.device)
+    accepted, going, path = torch.zeros_like(node), torch.ones(1, dtype=torch.bool, device=tokens.device), [node]
+    for _ in range(levels):
+        kids = plan.children.index_select(0, node)[0]
+        hit = (tokens.index_select(0, kids) == outputs.index_select(0, node)) & plan.real.index_select(0, node)[0]
+        found = hit.any(-1, keepdim=True) & going
+        node = torch.where(found, kids.index_select(0, hit.to(torch.int8).argmax().reshape(1)), node)
+        accepted, going = accepted + found.long(), found
+        path.append(node)
+    return torch.cat(path), accepted
+
+
+class State:
+    """What one cycle leaves the next, in device tensors: length, root, the pending (feature, token) pairs."""
+
+    def __init__(self, pairs: int, width: int, dtype, device):
+        self.length = torch.zeros(1, dtype=torch.long, device=device)
+        self.root = torch.zeros(1, dtype=torch.long, device=device)
+        self.count = torch.ones(1, dtype=torch.long, device=device)  # pending pairs, at most `pairs`
+        self.features = torch.zeros(pairs, width, dtype=dtype, device=device)
+        self.tokens = torch.zeros(pairs, dtype=torch.long, device=device)
+
+
+class TreeBuffers:
+    """The tree the verify step scores: tokens and the layout buffers of tree.Layout, plus each node's rank among
+    its siblings and whether it has children (the child ranks sequoia.py reads).  Constant for a static tree;
+    written by the draft for a grown one."""
+
+    def __init__(self, nodes: int, depth: int, device):
+        count, long = nodes + 1, dict(dtype=torch.long, device=device)
+        self.tokens = torch.zeros(count, **long)
+        self.depth = torch.zeros(count, **long)
+        self.parent = torch.zeros(count, **long)
+        self.ancestors = torch.eye(count, dtype=torch.bool, device=device)
+        self.paths = torch.zeros(count, depth + 1, **long)
+        self.rank = torch.zeros(count, **long)
+        self.sibling = torch.zeros(count, **long)
+        self.internal = torch.zeros(count, dtype=torch.bool, device=device)
+
+    def set_static(self, tree: Tree, device, dtype) -> None:
+        fixed = layout(tree, device, dtype)
+        self.depth.copy_(fixed.depth)
+        self.parent.copy_(fixed.parent)
+        self.ancestors.copy_(tree.ancestors.to(device))
+        self.paths.copy_(fixed.paths)
+        self.rank.copy_(fixed.rank)
+        self.sibling.copy_(torch.tensor([0] + [tree.children[tree.parent[node]].index(node)
+                                               for node in range(1, tree.size + 1)], device=device))
+        self.internal.copy_(torch.tensor([bool(kids) for kids in tree.children], device=device))
+
+    def lay_out(self, parent: torch.Tensor, depth: torch.Tensor, levels: int) -> None:
+        """Fill the layout of a grown tree from its parents (root first, parents before children) and depths."""
+        count = len(parent)
+        nodes = torch.arange(count, device=parent.device)
+        self.parent.copy_(parent)
+        self.depth.copy_(depth)
+        # climb: chain[m] is each node's ancestor m levels up (the root stays put)
+        chain = [nodes]
+        for _ in range(levels):
+            chain.append(parent.index_select(0, chain[-1]))
+        chain = torch.stack(chain, 1)  # [count, levels + 1]
+        ancestors = torch.zeros(count, count, dtype=torch.bool, device=parent.device)
+        self.ancestors.copy_(ancestors.scatter_(1, chain, True))
+        # paths[n, j]: the ancestor at depth j, then the node itself past its depth
+        up = (depth[:, None] - torch.arange(levels + 1, device=parent.device)[None]).clamp_min(0)
+        self.paths.copy_(chain.gather(1, up))
+        self.rank.copy_(depth * count - nodes)
+        below = nodes[None] < nodes[:, None]
+        same = (parent[None] == parent[:, None]) & below & (nodes[None] > 0)
+        self.sibling.copy_(same.sum(-1))
+        self.internal.copy_((parent[None] == nodes[:, None]).logical_and_(nodes[None] > 0).any(-1))
+
+
+class DeviceCycle:
+    """One decoder's T = 0 cycle over one pair of static caches (graphs capture their buffers)."""
+
+    def __init__(self, decoder, topology, target_cache, head_cache, method: str):
+        self.decoder, self.method = decoder, method
+        self.target_cache, self.head_cache = target_cache, head_cache
+        device, self.dtype = decoder.device, decoder.target.dtype
+        self.device = device
+        self.grown = topology is not None and not topology.static
+        if method == "baseline":
+            self.nodes, self.levels = 0, 0
+        elif self.grown:
+            self.spec = topology
+            self.nodes, self.levels = topology.nodes, topology.max_depth
+        else:
+            self.tree = topology
+            self.nodes, self.levels = topology.size, topology.max_depth
+        width = decoder.hidden_size * (1 if decoder.feature_layers is None else 1 + len(decoder.feature_layers))
+        self.pairs = self.levels + 1  # a cycle commits at most the deepest path and the bonus
+        # cycle i reads states[i % 2] and writes states[1 - i % 2]: a phase never writes what it reads
+        self.states = [State(self.pairs, width, self.dtype, device) for _ in range(2)]
+        self.tree_buffers = TreeBuffers(self.nodes, self.levels, device)
+        self.result = torch.zeros(2 * self.levels + 3, dtype=torch.long, device=device)
+        self.target_columns = torch.arange(target_cache.capacity, device=device)
+        self.rows = torch.arange(max(self.nodes, self.pairs) + 1, device=device)
+        self.minimum = torch.finfo(self.dtype).min
+        if method == "eagle":
+            self.head_columns = torch.arange(head_cache.capacity, device=device)
+            if self.grown:
+                self._grown_buffers()
+            else:
+                self.tree_buffers.set_static(topology, device, self.dtype)
+                self._static_levels()
+        self.transfer = Transfer(self.result, device)
+
+    # -- set-up ------------------------------------------------------------------------------
+
+    def _static_levels(self) -> None:
+        """Per level: parents, the row of each parent's input among the last level's outputs, its head cache
+        slot (an offset after the committed length), what it sees among the tree's slots, and where the top-k
+        of each parent goes."""
+        tree, device = self.tree, self.device
+        slot_nodes, previous, self.static_levels = [], [0], []
+        for depth in range(tree.max_depth):
+            parents = tree.internal(depth)
+            if not parents:
+                break
+            if depth > 0:
+                slot_nodes += parents
+            width = max(len(tree.children[node]) for node in parents)
+            children = [(row, rank, child) for row, node in enumerate(parents)
+                        for rank, child in enumerate(tree.children[node])]
+            self.static_levels.append(dict(
+                depth=depth, parents=torch.tensor(parents, device=device),
+                inputs=torch.tensor([previous.index(tree.parent[node]) if depth else 0 for node in parents],
+                                    device=device),
+                offsets=torch.tensor([slot_nodes.index(node) for node in parents] if depth else [], device=device,
+                                     dtype=torch.long),
+                width=width,
+                picks=torch.tensor([row * width + rank for row, rank, _ in children], device=device),
+                children=torch.tensor([child for *_, child in children], device=device)))
+            previous = parents
+        self.slot_count = max(len(slot_nodes), 1)
+        # what each head slot's node sees among the tree's slots: its ancestors that hold slots, and itself
+        seen = tree.ancestors[slot_nodes][:, slot_nodes] if slot_nodes else torch.zeros(1, 1, dtype=torch.bool)
+        self.slot_seen = seen.to(device)
+
+    def _grown_buffers(self) -> None:
+        spec, device = self.spec, self.device
+        k = spec.top_k
+        self.candidates = k + (spec.max_depth - 1) * k * k
+        self.slot_count = max((spec.max_depth - 1) * k, 1)
+        long = dict(dtype=torch.long, device=device)
+        self.cand_token = torch.zeros(self.candidates, **long)
+        self.cand_parent = torch.zeros(self.candidates, **long)  # -1: the root
+        self.cand_depth = torch.zeros(self.candidates, **long)
+        self.cand_score = torch.zeros(self.candidates, dtype=torch.float32, device=device)
+
+    # -- masks -------------------------------------------------------------------------------
+
+    def _mask(self, columns, length, seen: torch.Tensor) -> torch.Tensor:
+        """Additive mask [rows, capacity]: every committed entry (before `length`) and, from `length` on, the
+        entries `seen` [rows, width] marks."""
+        relative = columns[None] - length
+        width = seen.shape[1]
+        inside = (relative >= 0) & (relative < width)
+        marked = seen.gather(1, relative.clamp(0, width - 1).expand(seen.shape[0], -1))
+        visible = (relative < 0) | (inside & marked)
+        return torch.zeros(visible.shape, dtype=self.dtype, device=self.device).masked_fill_(~visible, self.minimum)
+
+    # -- the two phases ------------------------------------------------------------------------
+
+    def draft(self, parity: int) -> torch.Tensor:
+        """The catch-up and the tree's tokens (and, grown, its layout) from the state the last verify left."""
+        state = self.states[parity]
+        model, cache = self.decoder.draft_model, self.head_cache
+        rows = self.rows[: self.pairs]
+        # pending pair j at head slot length - count + j, position one further; padded rows write garbage past
+        # the committed entries that the tree's entries then overwrite, and no real row sees them
+        slots = state.length - state.count + rows
+        visible = self.head_columns[None] <= slots[:, None]
+        mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device).masked_fill_(~visible, self.minimum)
+        outputs = model._forward(cache, state.features, state.tokens, slots + 1, mask, slots)
+        root_prediction = outputs.index_select(0, state.count - 1)
+        tokens = self.tree_buffers.tokens
+        tokens[:1] = state.root
+        if self.grown:
+            self._grow(state, root_prediction)
+        else:
+            self._draft_static(state, root_prediction)
+        return tokens
+
+    def _logits(self, outputs) -> torch.Tensor:
+        model = self.decoder.draft_model
+        logits = model.draft_lm_head(outputs)
+        return logits if model.outside is None else logits.masked_fill(model.outside, float("-inf"))
+
+    def _ids(self, columns) -> torch.Tensor:
+        ids = self.decoder.draft_model.ids
+        return columns if ids is None else ids[columns]
+
+    def _draft_static(self, state: State, outputs) -> None:
+        model, tokens = self.decoder.draft_model, self.tree_buffers.tokens
+        for level in self.static_levels:
+            if level["depth"] > 0:
+                slots = state.length + level["offsets"]
+                mask = self._mask(self.head_columns, state.length, self.slot_seen.index_select(0, level["offsets"]))
+                outputs = model._forward(self.head_cache, outputs.index_select(0, level["inputs"]),
+                                         tokens.index_select(0, level["parents"]),
+                                         (state.length + level["depth"]).expand(len(slots)), mask, slots)
+            top = self._logits(outputs).topk(level["width"], -1).indices
+            tokens.index_copy_(0, level["children"], self._ids(top.reshape(-1).index_select(0, level["picks"])))
+
+    def _grow(self, state: State, root_prediction) -> None:
+        """EAGLE-2 (dynamic.py) in fixed-size buffers: each depth expands the best top_k candidates of the last
+        into their top_k children; then the best `nodes` candidates become the tree.  Candidates are numbered
+        depth by depth, so ranking by (score, number) puts a parent before its children on ties."""
+        spec, model = self.spec, self.decoder.draft_model
+        k, device = spec.top_k, self.device
+        q = torch.softmax(self._logits(root_prediction).float(), -1)
+        values, columns = q.topk(k, -1)
+        self.cand_token[:k] = self._ids(columns[0])
+        self.cand_score[:k] = values[0].clamp_min(1e-30).log()
+        self.cand_parent[:k] = -1
+        self.cand_depth[:k] = 1
+        frontier = torch.sort(self.cand_score[:k], descending=True, stable=True).indices
+        inputs = root_prediction.expand(k, -1)
+        seen = torch.zeros(k, self.slot_count, dtype=torch.bool, device=device)
+        own = torch.arange(k, device=device)
+        for depth in range(1, spec.max_depth):
+            offsets = (depth - 1) * k + own
+            seen = seen.index_copy(1, offsets, torch.eye(k, dtype=torch.bool, device=device))
+            slots = state.length + offsets
+            outputs = model._forward(self.head_cache, inputs, self.cand_token.index_select(0, frontier),
+                                     (state.length + depth).expand(k), self._mask(self.head_columns, state.length,
+                                                                                  seen), slots)
+            q = torch.softmax(self._logits(outputs).float(), -1)
+            values, columns = q.topk(k, -1)
+            start = k + (depth - 1) * k * k
+            block = slice(start, start + k * k)
+            scores = self.cand_score.index_select(0, frontier)[:, None] + values.clamp_min(1e-30).log()
+            self.cand_token[block] = self._ids(columns.reshape(-1))
+            self.cand_score[block] = scores.reshape(-1)
+            self.cand_parent[block] = frontier.repeat_interleave(k)
+            self.cand_depth[block] = depth + 1
+            best = torch.sort(self.cand_score[block], descending=True, stable=True).indices[:k]
+            parents = best // k
+            frontier = start + best
+            inputs, seen = outputs.index_select(0, parents), seen.index_select(0, parents)
+        self._select()
+
+    def _select(self) -> None:
+        """The best `nodes` candidates as the tree: nodes in candidate order (parents first), the root node 0."""
+        buffers, count = self.tree_buffers, self.nodes + 1
+        chosen = torch.sort(self.cand_score, descending=True, stable=True).indices[: self.nodes]
+        chosen = torch.sort(chosen).values
+        node_of = torch.zeros(self.candidates + 1, dtype=torch.long, device=self.device)
+        node_of[chosen + 1] = self.rows[1:count]
+        parent = torch.cat([self.rows[:1], node_of.index_select(0, self.cand_parent.index_select(0, chosen) + 1)])
+        depth = torch.cat([self.rows[:1], self.cand_depth.index_select(0, chosen)])
+        buffers.tokens[1:] = self.cand_token.index_select(0, chosen)
+        buffers.lay_out(parent, depth, self.levels)
+
+    def verify(self, parity: int) -> torch.Tensor:
+        """Score the tree, accept its greedy path, move the path's entries next to the root, leave the next
+        state; returns the result [accepted count, path tokens and bonus (levels + 1), child ranks (levels),
+        whether the last accepted node has children]."""
+        decoder, buffers = self.decoder, self.tree_buffers
+        state, following_state = self.states[parity], self.states[1 - parity]
+        count = self.nodes + 1
+        if self.method == "baseline":
+            buffers.tokens[:1] = state.root
+        slots = state.length + self.rows[:count]
+        mask = self._mask(self.target_columns, state.length, buffers.ancestors)
+        features = decoder._static_forward(self.target_cache, buffers.tokens, state.length + buffers.depth, mask,
+                                           slots)
+        argmax = decoder.logits(features).max(-1).indices
+        missed = buffers.tokens != argmax.index_select(0, buffers.parent)
+        reached = ~(buffers.ancestors[:, 1:] & missed[None, 1:]).any(-1)
+        best = torch.where(reached, buffers.rank, -1).argmax().reshape(1)
+        path = buffers.paths.index_select(0, best)[0]
+        accepted = buffers.depth.index_select(0, best)
+        bonus = argmax.index_select(0, best)
+        if self.levels:
+            cache = self.target_cache.buffer
+            cache.index_copy_(-2, state.length + 1 + self.rows[: self.levels],
+                              cache.index_select(-2, state.length + path[1:]))
+        # the path's tokens after the root, then the bonus: what the cycle emits, and the token of each new pair
+        following = torch.cat([path[1:], path[-1:]])
+        emitted = torch.where(self.rows[: self.pairs] < accepted, buffers.tokens.index_select(0, following), bonus)
+        following_state.features.copy_(features.index_select(0, path))
+        following_state.tokens.copy_(emitted)
+        following_state.count.copy_(accepted + 1)
+        following_state.length.copy_(state.length + accepted + 1)
+        following_state.root.copy_(bonus)
+        self.result.copy_(torch.cat([accepted, emitted, buffers.sibling.index_select(0, path[1:]),
+                                     buffers.internal.index_select(0, best).long()]))
+        return self.result
+
+    # -- the host side -------------------------------------------------------------------------
+
+    def start(self, length: int, root: torch.Tensor, feature: torch.Tensor) -> None:
+        """After the prefill (and the head's catch-up on the prompt's pairs but the last): the last pair pends;
+        the first cycle has parity 0."""
+        state = self.states[0]
+        state.length.fill_(length)
+        state.root.copy_(root)
+        state.count.fill_(1)
+        state.features[:1] = feature
+        state.tokens[:1] = root
+
+    def launch(self, parity: int, timer) -> None:
+        """Queue one cycle and the copy of its result into the host buffer of its parity."""
+        graphs = self.decoder.graphs
+        if self.method == "eagle":
+            self._run(graphs, "draft", parity)
+            timer.lap("draft")
+        self._run(graphs, "verify", parity)
+        self.transfer.send(self.result, parity)
+        timer.lap("verify")
+
+    def _run(self, graphs, phase: str, parity: int) -> None:
+        function = getattr(self, phase)
+        if graphs is None:
+            function(parity)
+        else:
+            graphs.run((phase, id(self), parity), lambda: function(parity))
+
+    def receive(self, parity: int) -> tuple[int, list[int], list[int], bool]:
+        """(accepted drafts, the path's tokens and the bonus, the path's child ranks, whether its last node has
+        children) of the cycle of that parity."""
+        values = self.transfer.receive(parity)
+        accepted, levels = values[0], self.levels
+        return accepted, values[1 : accepted + 2], values[2 + levels : 2 + levels + accepted], bool(values[-1])
+
+
+class Transfer:
+    """A small device tensor to the host: on CUDA a non-blocking copy into pinned memory and an event per slot,
+    so the host can queue more work before it waits."""
+
+    def __init__(self, like: torch.Tensor, device):
+        self.cuda = torch.device(device).type == "cuda"
+        self.host = [torch.zeros(like.shape, dtype=like.dtype, pin_memory=self.cuda) for _ in range(2)]
+        self.events = [torch.cuda.Event() for _ in range(2)] if self.cuda else None
+
+    def send(self, value: torch.Tensor, slot: int) -> None:
+        self.host[slot].copy_(value, non_blocking=self.cuda)
+        if self.cuda:
+            self.events[slot].record()
+
+    def receive(self, slot: int) -> list[int]:
+        if self.cuda:
+            self.events[slot].synchronize()
+        return self.host[slot].tolist()
