@@ -42,12 +42,15 @@ class Graphs:
         self.refused: str | None = None  # why capture failed, after which every call runs eagerly
         self.pool = None
 
-    def run(self, key, function, *inputs):
+    def run(self, key, function, *inputs, generator: torch.Generator | None = None):
+        """generator: the one the function draws from; warm-up and capture leave its state as they found it, so
+        the first replay draws what an eager call would."""
         entry = self.entries.get(key)
         if entry is None:
             if self.refused is not None:
                 return function(*inputs)
             start = time.perf_counter()
+            state = None if generator is None else generator.get_state()
             buffers = self._warm_up(function, inputs)  # an error here is the call's own: it is raised
             try:
                 entry = self._capture(function, buffers)
@@ -56,9 +59,13 @@ class Graphs:
                 warnings.warn(f"CUDA graph capture failed ({self.refused}); running eagerly: pass --cuda-graphs off "
                               f"to skip the attempt", stacklevel=2)
                 torch.cuda.synchronize()
+                if state is not None:
+                    generator.set_state(state)
                 return function(*inputs)
             finally:
                 self.seconds += time.perf_counter() - start
+            if state is not None:
+                generator.set_state(state)
             self.entries[key] = entry
         buffers, graph, outputs = entry
         for buffer, value in zip(buffers, inputs):
