@@ -509,7 +509,7 @@ class Decoder:
             sampled = drafting.draw(p, 1, call.generator)
             if head_kids == 0 or sampled.tolist()[0] == point:
                 return sampled  # a sample of p; when it is not the point's token, a sample of p without it
-            p = drafting.exclude(p, torch.arange(p.shape[-1], device=p.device) == point)
+            p = drafting.without_token(p, point)
         if head_kids == 0:
             return drafting.draw(p, 1, call.generator)
         # a dynamic tree's verifier sees the node's whole draft tuple, pruned drafts included
