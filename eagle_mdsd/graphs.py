@@ -59,13 +59,11 @@ class Graphs:
                 warnings.warn(f"CUDA graph capture failed ({self.refused}); running eagerly: pass --cuda-graphs off "
                               f"to skip the attempt", stacklevel=2)
                 torch.cuda.synchronize()
-                if state is not None:
-                    generator.set_state(state)
+                _restore(generator, state)
                 return function(*inputs)
             finally:
                 self.seconds += time.perf_counter() - start
-            if state is not None:
-                generator.set_state(state)
+            _restore(generator, state)
             self.entries[key] = entry
         buffers, graph, outputs = entry
         for buffer, value in zip(buffers, inputs):
@@ -93,6 +91,17 @@ class Graphs:
             outputs = function(*buffers)
         torch.cuda.synchronize()
         return buffers, graph, outputs
+
+
+def _restore(generator, state) -> None:
+    """Put a generator back to `state` (taken before a warm-up and capture), where it allows it: one that captured
+    graphs hold may refuse, and then only the first replay draws otherwise than an eager call would."""
+    if state is None:
+        return
+    try:
+        generator.set_state(state)
+    except RuntimeError:
+        pass
 
 
 class Emulated(Graphs):
