@@ -28,14 +28,18 @@ from dataclasses import dataclass
 import torch
 
 from . import drafting
+from .graphs import Emulated, Graphs
 from .tree import Tree, layout
 
 
-def supports(topology, scheme_name: str) -> bool:
-    """Whether a tree's T = 0 cycle runs here: a static tree or EAGLE-2, drafted by top-k."""
-    if scheme_name != "topk" or topology.grafted:
+def supports(topology, scheme_name: str, temperature: float) -> bool:
+    """Whether a tree's cycle runs here: at T = 0 a static tree or EAGLE-2 drafted by top-k; at T > 0 a static
+    tree, any pair."""
+    if topology.grafted:
         return False
-    return topology.static or topology.name == "eagle2"
+    if temperature > 0:
+        return topology.static
+    return scheme_name == "topk" and (topology.static or topology.name == "eagle2")
 
 
 @dataclass(frozen=True)
@@ -159,10 +163,12 @@ class TreeBuffers:
 
 
 class DeviceCycle:
-    """One decoder's T = 0 cycle over one pair of static caches (graphs capture their buffers)."""
+    """One decoder's cycle over one pair of static caches (graphs capture their buffers)."""
 
     def __init__(self, decoder, topology, target_cache, head_cache, method: str):
         self.decoder, self.method = decoder, method
+        self.temperature = 0.0  # the call's, set by start(); graphs are kept per temperature
+        self.generator = _generator(decoder.device, decoder.graphs)
         self.target_cache, self.head_cache = target_cache, head_cache
         device, self.dtype = decoder.device, decoder.target.dtype
         self.device = device
@@ -191,6 +197,11 @@ class DeviceCycle:
             else:
                 self.tree_buffers.set_static(topology, device, self.dtype)
                 self._static_levels()
+                self.plan = SampledPlan.of(topology, device)
+                model = decoder.draft_model
+                vocabulary = len(model.ids) if model.ids is not None else decoder.lm_head.weight.shape[0]
+                internal = sum(len(level["parents"]) for level in self.static_levels)
+                self.q_internal = torch.zeros(internal, vocabulary, device=device)
         self.transfer = Transfer(self.result, device)
 
     # -- set-up ------------------------------------------------------------------------------
@@ -280,16 +291,29 @@ class DeviceCycle:
         return columns if ids is None else ids[columns]
 
     def _draft_static(self, state: State, outputs) -> None:
+        """The tree's tokens level by level: at T = 0 one top-k of the logits a level; at T > 0 the scheme's draws
+        per group of parents with the same child count, in the order StaticTreeDrafter draws them, each level's q
+        kept for the verifier."""
         model, tokens = self.decoder.draft_model, self.tree_buffers.tokens
-        for level in self.static_levels:
+        first = 0
+        for level, drafted in zip(self.static_levels, self.decoder.drafter.levels):
             if level["depth"] > 0:
                 slots = state.length + level["offsets"]
                 mask = self._mask(self.head_columns, state.length, self.slot_seen.index_select(0, level["offsets"]))
                 outputs = model._forward(self.head_cache, outputs.index_select(0, level["inputs"]),
                                          tokens.index_select(0, level["parents"]),
                                          (state.length + level["depth"]).expand(len(slots)), mask, slots)
-            top = self._logits(outputs).topk(level["width"], -1).indices
-            tokens.index_copy_(0, level["children"], self._ids(top.reshape(-1).index_select(0, level["picks"])))
+            if self.temperature == 0:
+                top = self._logits(outputs).topk(level["width"], -1).indices
+                tokens.index_copy_(0, level["children"], self._ids(top.reshape(-1).index_select(0, level["picks"])))
+                continue
+            q = torch.softmax(self._logits(outputs).float() / self.temperature, -1)
+            self.q_internal[first : first + len(q)] = q
+            first += len(q)
+            for count, rows, children in drafted.groups:
+                drafts = self.decoder.scheme.sample_batch(q if rows is None else q.index_select(0, rows), count,
+                                                          self.generator)
+                tokens.index_copy_(0, children.reshape(-1), self._ids(drafts.reshape(-1)))
 
     def _grow(self, state: State, root_prediction) -> None:
         """EAGLE-2 (dynamic.py) in fixed-size buffers: each depth expands the best top_k candidates of the last
@@ -354,13 +378,18 @@ class DeviceCycle:
         mask = self._mask(self.target_columns, state.length, buffers.ancestors)
         features = decoder._static_forward(self.target_cache, buffers.tokens, state.length + buffers.depth, mask,
                                            slots)
-        argmax = decoder.logits(features).max(-1).indices
-        missed = buffers.tokens != argmax.index_select(0, buffers.parent)
-        reached = ~(buffers.ancestors[:, 1:] & missed[None, 1:]).any(-1)
-        best = torch.where(reached, buffers.rank, -1).argmax().reshape(1)
-        path = buffers.paths.index_select(0, best)[0]
-        accepted = buffers.depth.index_select(0, best)
-        bonus = argmax.index_select(0, best)
+        logits = decoder.logits(features)
+        if self.temperature == 0:
+            argmax = logits.max(-1).indices
+            missed = buffers.tokens != argmax.index_select(0, buffers.parent)
+            reached = ~(buffers.ancestors[:, 1:] & missed[None, 1:]).any(-1)
+            best = torch.where(reached, buffers.rank, -1).argmax().reshape(1)
+            path = buffers.paths.index_select(0, best)[0]
+            accepted = buffers.depth.index_select(0, best)
+            bonus = argmax.index_select(0, best)
+        else:
+            path, accepted, bonus = self._sample(torch.softmax(logits.float() / self.temperature, -1))
+            best = path[-1:]
         if self.levels:
             cache = self.target_cache.buffer
             cache.index_copy_(-2, state.length + 1 + self.rows[: self.levels],
@@ -377,11 +406,23 @@ class DeviceCycle:
                                      buffers.internal.index_select(0, best).long()]))
         return self.result
 
+    def _sample(self, p) -> tuple:
+        """T > 0: (path, accepted drafts, bonus) from every node's output drawn up front (sampled_outputs)."""
+        decoder, tokens = self.decoder, self.tree_buffers.tokens
+        if self.method == "baseline":
+            return self.rows[:1], self.rows[:1] * 0, drafting.draw(p, 1, self.generator)[:, 0]
+        model = decoder.draft_model
+        outputs = sampled_outputs(self.plan, p, self.q_internal, tokens, decoder.verifier,
+                                  lambda q: model.vocabulary_q(q, model.ids), self.generator)
+        path, accepted = sampled_walk(self.plan, outputs, tokens, self.levels)
+        return path, accepted, outputs.index_select(0, path[-1:])
+
     # -- the host side -------------------------------------------------------------------------
 
-    def start(self, length: int, root: torch.Tensor, feature: torch.Tensor) -> None:
+    def start(self, length: int, root: torch.Tensor, feature: torch.Tensor, temperature: float) -> None:
         """After the prefill (and the head's catch-up on the prompt's pairs but the last): the last pair pends;
         the first cycle has parity 0."""
+        self.temperature = temperature
         state = self.states[0]
         state.length.fill_(length)
         state.root.copy_(root)
@@ -404,7 +445,8 @@ class DeviceCycle:
         if graphs is None:
             function(parity)
         else:
-            graphs.run((phase, id(self), parity), lambda: function(parity))
+            graphs.run((phase, id(self), parity, self.temperature), lambda: function(parity),
+                       generator=self.generator)
 
     def receive(self, parity: int) -> tuple[int, list[int], list[int], bool]:
         """(accepted drafts, the path's tokens and the bonus, the path's child ranks, whether its last node has
@@ -412,6 +454,16 @@ class DeviceCycle:
         values = self.transfer.receive(parity)
         accepted, levels = values[0], self.levels
         return accepted, values[1 : accepted + 2], values[2 + levels : 2 + levels + accepted], bool(values[-1])
+
+
+def _generator(device, graphs) -> torch.Generator:
+    """The cycle's random numbers: under CUDA graphs the device's default generator, whose state a replay reads
+    afresh (captured kernels take their seed and offset from it, and each replay advances it), so replays draw new
+    numbers and a seed gives the same tokens with graphs on and off; elsewhere a generator of its own."""
+    device = torch.device(device)
+    if device.type == "cuda" and isinstance(graphs, Graphs) and not isinstance(graphs, Emulated):
+        return torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()]
+    return torch.Generator(device)
 
 
 class Transfer:

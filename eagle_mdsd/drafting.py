@@ -34,6 +34,12 @@ def exclude(q: torch.Tensor, drawn: torch.Tensor) -> torch.Tensor:
     return _normalise_or_fill(q.masked_fill(drawn, 0.0), lambda: drawn)
 
 
+def without_token(p: torch.Tensor, token: int) -> torch.Tensor:
+    """p [V] without one token, renormalised: what a node's drafts are verified against once a one-point draft of
+    that token (prompt lookup's) is rejected."""
+    return exclude(p, torch.arange(p.shape[-1], device=p.device) == token)
+
+
 def _normalise_or_fill(rest: torch.Tensor, drawn) -> torch.Tensor:
     """rest / rest.sum(); rows without mass become one-hot on the first token not in drawn().  Tensor ops only:
     no row's mass is brought back to the host to pick a branch."""

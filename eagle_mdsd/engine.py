@@ -155,6 +155,7 @@ class Call:
     pending: tuple | None = None  # (features [k, H], tokens [k]): pairs the head has not read yet
     context: list = field(default_factory=list)  # prompt and output so far (prompt lookup searches it)
     accepted_ranks: list = field(default_factory=list)  # per visited node with children: child rank or -1
+    seed: int = 0
     drafting: dict = field(default_factory=dict)  # the tree drafter's own state across cycles (drafters.py)
 
 
@@ -304,7 +305,7 @@ class Decoder:
         extra = self.tree.size + self.tree.max_depth + 1 if method == "eagle" else 1
         capacity = len(prompt) + max_new_tokens + 2 * extra + 2
         call = Call(temperature, torch.Generator(device=self.device).manual_seed(seed),
-                    *self._caches(capacity, method), PhaseTimer(profile, self.device), 0, prompt[:0], -1)
+                    *self._caches(capacity, method), PhaseTimer(profile, self.device), 0, prompt[:0], -1, seed=seed)
         return call, prompt
 
     def generate(self, prompt_ids, max_new_tokens: int = 128, temperature: float = 0.0, seed: int = 0,
@@ -315,6 +316,9 @@ class Decoder:
 
     def run(self, call: Call, prompt, max_new_tokens: int, method: str = "eagle") -> GenerationResult:
         start, captured = time.perf_counter(), self.graphs.seconds if self.graphs else 0.0
+        on_device = self._device_cycle(call, method)
+        if on_device is not None:  # its generator, which its graphs draw from, takes the call's seed
+            call.generator = on_device.generator.manual_seed(call.seed)
         features = self._target(call, prompt, torch.arange(len(prompt), device=self.device), graph=False)
         call.length = len(prompt)
         call.root = self._choose(self.logits(features[-1]), call.temperature, call.generator)
@@ -322,7 +326,6 @@ class Decoder:
         prefill_time = time.perf_counter() - start
         call.context = prompt.tolist() + [call.root_id]
         result = GenerationResult(call.context[:-1], [call.root_id], 0, accepted_ranks=call.accepted_ranks)
-        on_device = self._device_cycle(call, method)
         if on_device is not None:
             self._run_on_device(on_device, call, prompt, features, result, max_new_tokens)
         else:
@@ -355,8 +358,8 @@ class Decoder:
 
     def _device_cycle(self, call: Call, method: str) -> cycle.DeviceCycle | None:
         """The call's T = 0 cycle on the device (cycle.py), where its caches are static and its tree allows."""
-        if not self.static or call.temperature != 0 or (
-                method == "eagle" and not cycle.supports(self.tree, self.scheme.name)):
+        if not self.static or (method == "eagle" and not cycle.supports(self.tree, self.scheme.name,
+                                                                         call.temperature)):
             return None
         key = (id(call.target_cache), method)
         if key not in self.device_cycles:
@@ -373,7 +376,7 @@ class Decoder:
                                 device=self.device).triu_(1)
             self.draft_model.run(call.head_cache, features[:-1], prompt[1:], torch.arange(1, len(prompt),
                                  device=self.device), causal, 0, graph=False)
-        on_device.start(call.length, call.root, features[-1])
+        on_device.start(call.length, call.root, features[-1], call.temperature)
         if call.root_id in self.eos or result.new_tokens >= max_new_tokens:
             return
         parity = 0
@@ -506,7 +509,7 @@ class Decoder:
             sampled = drafting.draw(p, 1, call.generator)
             if head_kids == 0 or sampled.tolist()[0] == point:
                 return sampled  # a sample of p; when it is not the point's token, a sample of p without it
-            p = drafting.exclude(p, torch.arange(p.shape[-1], device=p.device) == point)
+            p = drafting.without_token(p, point)
         if head_kids == 0:
             return drafting.draw(p, 1, call.generator)
         # a dynamic tree's verifier sees the node's whole draft tuple, pruned drafts included

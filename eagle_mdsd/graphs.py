@@ -42,12 +42,15 @@ class Graphs:
         self.refused: str | None = None  # why capture failed, after which every call runs eagerly
         self.pool = None
 
-    def run(self, key, function, *inputs):
+    def run(self, key, function, *inputs, generator: torch.Generator | None = None):
+        """generator: the one the function draws from; warm-up and capture leave its state as they found it, so
+        the first replay draws what an eager call would."""
         entry = self.entries.get(key)
         if entry is None:
             if self.refused is not None:
                 return function(*inputs)
             start = time.perf_counter()
+            state = None if generator is None else generator.get_state()
             buffers = self._warm_up(function, inputs)  # an error here is the call's own: it is raised
             try:
                 entry = self._capture(function, buffers)
@@ -56,9 +59,11 @@ class Graphs:
                 warnings.warn(f"CUDA graph capture failed ({self.refused}); running eagerly: pass --cuda-graphs off "
                               f"to skip the attempt", stacklevel=2)
                 torch.cuda.synchronize()
+                _restore(generator, state)
                 return function(*inputs)
             finally:
                 self.seconds += time.perf_counter() - start
+            _restore(generator, state)
             self.entries[key] = entry
         buffers, graph, outputs = entry
         for buffer, value in zip(buffers, inputs):
@@ -86,6 +91,17 @@ class Graphs:
             outputs = function(*buffers)
         torch.cuda.synchronize()
         return buffers, graph, outputs
+
+
+def _restore(generator, state) -> None:
+    """Put a generator back to `state` (taken before a warm-up and capture), where it allows it: one that captured
+    graphs hold may refuse, and then only the first replay draws otherwise than an eager call would."""
+    if state is None:
+        return
+    try:
+        generator.set_state(state)
+    except RuntimeError:
+        pass
 
 
 class Emulated(Graphs):

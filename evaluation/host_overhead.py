@@ -9,8 +9,12 @@ unless the row says otherwise:
 - transfers: device-to-host transfers (item, tolist, nonzero, bool(), int(), ...; hostsync.syncs), each
   of which drains the launch queue on a GPU;
 - uploads: tensors made from host data (a copy that waits for the stream on CUDA);
-- aten ops: top-level aten ops (hostsync.top_level_ops), each a kernel launch on a GPU;
+- aten ops: top-level aten ops that launch a kernel (hostsync.top_level_ops), each a launch on a GPU;
 - ms: wall time per cycle.
+
+Each row is counted twice: with graphs off (growing caches, every op issued from Python, as on a CPU) and with
+graphs emulated (static caches and graphs.Emulated, which counts each captured function as one replay): the
+ops outside replays, the replays and the transfers are what a GPU host issues with CUDA graphs on.
 
 A row's figures are (a call of N tokens) - (a call of 1 token, the prefill alone), over its cycles.
 transformers `generate` (greedy, DynamicCache, the same model) is the per-step reference.
@@ -35,16 +39,20 @@ import torch
 import transformers
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from eagle_mdsd import benchmarks, dynamic, engine, head, hostsync
+from eagle_mdsd import benchmarks, dynamic, engine, head, hostsync, verification
 
 ROWS = [  # (label, method, tree, drafter, verifier, temperature)
     ("our plain step", "baseline", None, "topk", "topk", 0.0),
     ("eagle_default", "eagle", "eagle_default", "topk", "topk", 0.0),
     ("chain2", "eagle", "chain2", "topk", "topk", 0.0),
     ("eagle2", "eagle", "eagle2", "topk", "topk", 0.0),
+    ("eagle2, 16 tokens", "eagle", "eagle2:total_tokens=16,depth=5,top_k=4", "topk", "topk", 0.0),
     ("eagle_default+lookup", "eagle", "eagle_default+lookup", "topk", "topk", 0.0),
-    ("eagle_default, T = 1, without_replacement/rrs_wo", "eagle", "eagle_default", "without_replacement", "rrs_wo", 1.0),
-    ("eagle_default, T = 1, with_replacement/kseq", "eagle", "eagle_default", "with_replacement", "kseq", 1.0),
+    ("our plain step, T = 1", "baseline", None, "topk", "topk", 1.0),
+    *((f"{tree}, T = 1, {scheme}/{verifier}", "eagle", tree, scheme, verifier, 1.0)
+      for scheme, verifier in verification.pairs()
+      for tree in ["binary_depth4" if scheme == "spechub" else "eagle_default"]),
+    ("eagle2, T = 1, topk/topk", "eagle", "eagle2", "topk", "topk", 1.0),
 ]
 PROMPT = list(range(3, 40))
 

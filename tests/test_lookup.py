@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eagle_mdsd import dynamic, engine, head, lookup, tree
+from eagle_mdsd import drafting, dynamic, engine, head, lookup, tree
 from test_engine import P_VALUE, PROMPT, TREES, chi_square_p_value, empirical_first_three, exact_first_three
 from tiny import tiny_target
 
@@ -90,7 +90,7 @@ def test_a_lookup_verifier_that_ignores_the_head_drafts_residual_is_caught(tiny,
     # The check above can fail: verifying the head drafts against p instead of p without the lookup token
     # gives that token p(l) + (1 - p(l)) p(l) and the test sees it.
     target, draft_head = tiny
-    monkeypatch.setattr(lookup, "without", lambda p, token: p)
+    monkeypatch.setattr(drafting, "without_token", lambda p, token: p)
     decoder = engine.Decoder(target, draft_head, lookup.LookupTree(tree.compile_tree(TREES["wide"]), 3),
                              "without_replacement", "rrs_wo")
     assert chi_square_p_value(empirical_first_three(decoder, 1.0), exact_first_three(target, 1.0)) < P_VALUE

@@ -31,7 +31,7 @@ def run(args) -> None:
     from .. import models
 
     for name in args.trees:  # a bad tree name before any model loads
-        if name != checks.BASELINE:
+        if name not in checks.NOT_TREES:
             dynamic.load(name)
     out = Path(args.out)
     model = ("" if args.base_model in (None, models.EMBEDDED)
