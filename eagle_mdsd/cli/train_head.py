@@ -7,7 +7,6 @@ refuses an option given to a stage that would ignore it.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 from pathlib import Path
 
@@ -116,15 +115,6 @@ def add_parser(sub) -> None:
         stage.set_defaults(fn=fn)
 
 
-def _stage(run):
-    """The training stages report bad input (a prompt file, a run folder, a recipe) as ValueError or OSError,
-    not yet as UsageError: here those end the command as a usage error."""
-    @functools.wraps(run)
-    def checked(args) -> None:
-        run(args)
-    return checked
-
-
 def _openers(path) -> list[str] | None:
     """The lines of an openers file, or None without one."""
     if path is None:
@@ -155,7 +145,6 @@ def _train_recipe(args):
                                 draft_vocab=args.draft_vocab, token_loss=args.token_loss, format=args.format)
 
 
-@_stage
 def run_prompts(args) -> None:
     from .. import training
 
@@ -184,17 +173,14 @@ def _train(args, recipe) -> None:
               f"top-1 {sum(r['top1'] for r in recent) / len(recent):.3f} (mean of the last {len(recent)} steps)")
 
 
-@_stage
 def run_data(args) -> None:
     _make_data(args, _data_recipe(args))
 
 
-@_stage
 def run_train(args) -> None:
     _train(args, _train_recipe(args))
 
 
-@_stage
 def run_export(args) -> None:
     from .. import training
 
@@ -202,7 +188,6 @@ def run_export(args) -> None:
     print(f"wrote {training.export(Path(args.run), destination, args.base_model, compact=not args.eagle1_format)}")
 
 
-@_stage
 def run_all(args) -> None:
     data_recipe, train_recipe = _data_recipe(args), _train_recipe(args)  # both checked before the data stage runs
     _make_data(args, data_recipe)
@@ -210,7 +195,6 @@ def run_all(args) -> None:
     run_export.__wrapped__(args)
 
 
-@_stage
 def run_evaluate(args) -> None:
     from .. import training
 
