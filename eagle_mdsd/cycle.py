@@ -207,30 +207,23 @@ class DeviceCycle:
     # -- set-up ------------------------------------------------------------------------------
 
     def _static_levels(self) -> None:
-        """Per level: parents, the row of each parent's input among the last level's outputs, its head cache
-        slot (an offset after the committed length), what it sees among the tree's slots, and where the top-k
-        of each parent goes."""
+        """Per level of the tree drafter (drafters.Level): besides its parents and their inputs, each parent's head
+        cache slot (an offset after the committed length), and where the top-k of each parent goes."""
         tree, device = self.tree, self.device
-        slot_nodes, previous, self.static_levels = [], [0], []
-        for depth in range(tree.max_depth):
-            parents = tree.internal(depth)
-            if not parents:
-                break
-            if depth > 0:
+        slot_nodes, self.static_levels = [], []
+        for level in self.decoder.drafter.levels:
+            parents = level.parents.tolist()
+            if level.depth > 0:
                 slot_nodes += parents
-            width = max(len(tree.children[node]) for node in parents)
-            children = [(row, rank, child) for row, node in enumerate(parents)
-                        for rank, child in enumerate(tree.children[node])]
+            kids = [tree.children[node] for node in parents]
+            width = max(map(len, kids))
+            offsets = [slot_nodes.index(node) for node in parents] if level.depth else []
             self.static_levels.append(dict(
-                depth=depth, parents=torch.tensor(parents, device=device),
-                inputs=torch.tensor([previous.index(tree.parent[node]) if depth else 0 for node in parents],
-                                    device=device),
-                offsets=torch.tensor([slot_nodes.index(node) for node in parents] if depth else [], device=device,
-                                     dtype=torch.long),
-                width=width,
-                picks=torch.tensor([row * width + rank for row, rank, _ in children], device=device),
-                children=torch.tensor([child for *_, child in children], device=device)))
-            previous = parents
+                depth=level.depth, parents=level.parents, inputs=level.inputs, width=width,
+                offsets=torch.tensor(offsets, dtype=torch.long, device=device),
+                picks=torch.tensor([row * width + rank for row, k in enumerate(kids) for rank in range(len(k))],
+                                   device=device),
+                children=torch.tensor([child for k in kids for child in k], device=device)))
         self.slot_count = max(len(slot_nodes), 1)
         # what each head slot's node sees among the tree's slots: its ancestors that hold slots, and itself
         seen = tree.ancestors[slot_nodes][:, slot_nodes] if slot_nodes else torch.zeros(1, 1, dtype=torch.bool)
