@@ -320,6 +320,6 @@ def test_replayed_graphs_decode_as_eager_calls(sharp_llama, spec):
         expected = eager.generate(PROMPT, 20, temperature, seed=seed)
         result = replayed.generate(PROMPT, 20, temperature, seed=seed)
         assert result.token_ids == expected.token_ids and result.cycles == expected.cycles
-    assert any(key[0] == "target" for key in replayed.graphs.entries)
-    assert any(key[0] == "head" for key in replayed.graphs.entries)
+    kinds = {key[0] for key in replayed.graphs.entries}  # the device cycle's phases, or the host path's calls
+    assert kinds >= ({"draft", "verify"} if spec == "eagle_default" else {"target", "head"}), kinds
     assert replayed.graphs.seconds > 0 and replayed.graphs.refused is None

@@ -4,7 +4,8 @@ Counted on the CPU with hostsync.syncs(), which wraps the tensor methods that br
 host (item, tolist, nonzero, bool(), int(), ...).  Before the cycle was resolved on the device, the loop
 made 25 such transfers per eagle_default cycle at T = 0 by this count (37-38 by the profiler's
 item/nonzero events, the figure of the engine issue), 46 at T = 1 with without_replacement/rrs_wo, and
-7.6 per chain2 cycle; these tests fail on that loop.
+7.6 per chain2 cycle; these tests fail on that loop.  A sampled cycle walked from the root with one transfer a
+visited node (2.6 to 6.1 a cycle by pair) until every node's output was drawn before the walk.
 """
 
 from __future__ import annotations
@@ -60,13 +61,13 @@ def test_a_static_tree_cycle_transfers_once_at_temperature_zero(target_and_head)
 
 @pytest.mark.parametrize("pair", [("without_replacement", "rrs_wo"), ("greedy", "greedy"), ("topk", "topk"),
                                   ("with_replacement", "rrs_w")])
-def test_a_sampled_cycle_transfers_at_most_once_a_level(target_and_head, pair):
+def test_a_sampled_static_tree_cycle_transfers_once(target_and_head, pair):
+    # Every node's output is drawn before the walk, which is tensor ops: one transfer, whatever the path's depth.
     target, draft_head = target_and_head
-    topology = tree.load("eagle_default")
-    decoder = engine.Decoder(target, draft_head, topology, *pair)
+    decoder = engine.Decoder(target, draft_head, tree.load("eagle_default"), *pair)
     counts = per_step(decoder, "_cycle", 1.0)
-    assert counts and all(transfers <= topology.max_depth + 1 and uploads == 0 for transfers, uploads, _ in counts)
-    assert max(transfers for transfers, *_ in counts) > 1  # the walk went below the root
+    assert counts and all(count[:2] == (1, 0) for count in counts), counts
+    assert max(emitted for *_, emitted in counts) > 1  # drafts were accepted and committed
 
 
 def test_a_plain_step_transfers_once(target_and_head):
