@@ -129,8 +129,8 @@ def main() -> None:
         f"Command: `.venv/bin/python scripts/compare_revisions.py {args.revision} --questions {args.questions} "
         f"--temperatures {' '.join(f'{t:g}' for t in args.temperatures)} --tree {args.tree} --method {args.method}"
         + (" --static-shapes" if args.static_shapes else "") + "`",
-        "" if not args.static_shapes else "The working tree runs on static caches (its greedy cycle on the device, "
-        "cycle.py), the revision as its default on a CPU.",
+        *(["", "The working tree runs on static caches (its cycle on the device, cycle.py), the revision as its "
+               "default on a CPU."] if args.static_shapes else []),
         "",
         "| T | engine | new tokens | tau | tokens/s | against the revision |",
         "|---|---|---|---|---|---|", *rows, ""])

@@ -148,3 +148,22 @@ def test_a_graph_replaying_stale_random_numbers_is_caught():
     stale.graphs = stale.draft_model.graphs = StaleReplays()
     assert first_three_p_value(honest, target, 1500) > 1e-3
     assert first_three_p_value(stale, target, 1500) < 1e-6
+
+
+@pytest.mark.parametrize("pair", verification.pairs())
+def test_every_pair_decodes_seed_for_seed_with_graphs_emulated(pair):
+    # The device cycle with graphs emulated draws what the host loop draws, seed for seed, so the T = 1
+    # joint-distribution tests of the host loop (test_engine.py) certify it for every pair; the first call
+    # captures the graphs, the later ones replay them.
+    target = tiny_target()
+    draft_head = head.random_head(target)
+    with torch.no_grad():
+        draft_head.fc.weight.mul_(20.0)
+    topology = tree.compile_tree([[0], [1], [0, 0], [0, 1], [1, 0], [1, 1]])
+    host = engine.Decoder(target, draft_head, topology, *pair)
+    device = engine.Decoder(target, draft_head, topology, *pair, cuda_graphs="emulate")
+    for seed in range(3):
+        expected = host.generate(PROMPT, 12, 1.0, seed=seed)
+        result = device.generate(PROMPT, 12, 1.0, seed=seed)
+        assert result.token_ids == expected.token_ids and result.accepted_ranks == expected.accepted_ranks, seed
+    assert {key[0] for key in device.graphs.entries} == {"draft", "verify"}
