@@ -224,7 +224,6 @@ class DeviceCycle:
                 picks=torch.tensor([row * width + rank for row, k in enumerate(kids) for rank in range(len(k))],
                                    device=device),
                 children=torch.tensor([child for k in kids for child in k], device=device)))
-        self.slot_count = max(len(slot_nodes), 1)
         # what each head slot's node sees among the tree's slots: its ancestors that hold slots, and itself
         seen = tree.ancestors[slot_nodes][:, slot_nodes] if slot_nodes else torch.zeros(1, 1, dtype=torch.bool)
         self.slot_seen = seen.to(device)
@@ -249,7 +248,10 @@ class DeviceCycle:
         width = seen.shape[1]
         inside = (relative >= 0) & (relative < width)
         marked = seen.gather(1, relative.clamp(0, width - 1).expand(seen.shape[0], -1))
-        visible = (relative < 0) | (inside & marked)
+        return self._additive((relative < 0) | (inside & marked))
+
+    def _additive(self, visible: torch.Tensor) -> torch.Tensor:
+        """bool [rows, columns] -> the additive mask a model call takes: 0 where visible."""
         return torch.zeros(visible.shape, dtype=self.dtype, device=self.device).masked_fill_(~visible, self.minimum)
 
     # -- the two phases ------------------------------------------------------------------------
@@ -262,8 +264,7 @@ class DeviceCycle:
         # pending pair j at head slot length - count + j, position one further; padded rows write garbage past
         # the committed entries that the tree's entries then overwrite, and no real row sees them
         slots = state.length - state.count + rows
-        visible = self.head_columns[None] <= slots[:, None]
-        mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device).masked_fill_(~visible, self.minimum)
+        mask = self._additive(self.head_columns[None] <= slots[:, None])
         outputs = model._forward(cache, state.features, state.tokens, slots + 1, mask, slots)
         root_prediction = outputs.index_select(0, state.count - 1)
         tokens = self.tree_buffers.tokens

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from eagle_mdsd import bench, cli, head, models, questions, sequoia, suite
+from eagle_mdsd import bench, cli, head, models, questions, sequoia
 from tiny import tiny_target
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "bad-input.md"
