@@ -31,7 +31,7 @@ class Draft:
     tokens: torch.Tensor  # [N+1] the root, then every node's token
     layout: Layout
     q_of: Callable | None = None  # internal node -> (q over ids, ids) it was drafted from (the walk at T > 0)
-    drafts: dict = field(default_factory=dict)  # node -> its whole draft tuple, where pruning left fewer children
+    drafts: dict = field(default_factory=dict)  # grown trees: expanded node -> its whole draft tuple, as drawn
     point: dict = field(default_factory=dict)  # node -> token of its one-point draft (q = 1), verified first
     head_nodes: int | None = None  # nodes 1..head_nodes hold the head's drafts (None: all); others follow
     ranked: bool = True  # the walk's child ranks describe the drafter's tree (sequoia.py reads them)
@@ -248,9 +248,9 @@ class DynamicTreeDrafter:
         call.head_cache.truncate(committed)
         tree, chosen = dynamic.select(candidates, self.spec.nodes)
         tokens = torch.tensor([candidates.token[c] for c in chosen], device=self.device)
-        internal = [(node, c) for node, c in enumerate(chosen) if tree.children[node]]
-        return Draft(tree, tokens, layout(tree, self.device, self.dtype), {node: expanded[c] for node, c in internal}.get,
-                     {node: drafted[c] for node, c in internal})
+        checked = dynamic.verified(chosen, drafted).items()
+        return Draft(tree, tokens, layout(tree, self.device, self.dtype), {node: expanded[c] for node, c in checked}.get,
+                     {node: drafted[c] for node, c in checked})
 
     commit = staticmethod(commit)
 

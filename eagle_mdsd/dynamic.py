@@ -21,10 +21,11 @@ draw from the rest).  A child's score is its log-probability under q; the
 greedy scheme's sampled child stands for all the mass outside the top k-1
 and scores log of that mass, whatever token it drew.
 
-Why verification stays exact with sampled children: the verifier at a node
-sees the node's whole draft tuple (as drawn, pruned children included), so
-its output token is distributed as p there whatever the selection kept;
-a kept child only lets the walk go on when the output equals it.  What must
+Why verification stays exact with sampled children: the verifier at an
+expanded node sees the node's whole draft tuple (as drawn, pruned children
+included, and also where none was kept: `verified`), so its output token is
+distributed as p there whatever the selection kept; a kept child only lets
+the walk go on when the output equals it.  What must
 not happen is that reaching a node depends on the node's own draws.  Scores
 never grow along a path and ties go to the shallower candidate, so no
 descendant of a node ranks above it, and (by induction over depths) every
@@ -212,6 +213,14 @@ def select(candidates: Candidates, nodes: int) -> tuple[static_trees.Tree, list[
     tree = static_trees.compile_tree([list(path[c]) for c in chosen], "dynamic")
     by_path = {path[c]: c for c in chosen}
     return tree, [0] + [by_path[p] for p in tree.paths]
+
+
+def verified(chosen: list[int], drafted: dict) -> dict:
+    """Tree node -> its candidate, for the nodes the verifier checks against their whole draft tuple: every
+    expanded one, whether or not the selection kept any of its children.  Whether it keeps them depends on the
+    node's own draws, so a draw of p at the nodes left childless would mix two rules, and that mixture is not p;
+    the nodes never expanded draw p."""
+    return {node: c for node, c in enumerate(chosen) if c in drafted}
 
 
 def grow(spec: DynamicTree, root: int, root_q: tuple, expand, scheme="topk", generator=None):

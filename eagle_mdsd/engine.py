@@ -501,20 +501,21 @@ class Decoder:
     def _verify_node(self, call: Call, draft, logits, node, kids) -> torch.Tensor:
         """The output token at a node at T > 0, distributed as p [1]: a one-point draft first (q = 1 on its token,
         prompt lookup's), accepted with probability p(its token), then the verifier on the head drafts against
-        the rest of p (lookup.py gives the argument)."""
+        the rest of p (lookup.py gives the argument); a draw of p where the head drafted nothing."""
         p = warp(logits[node], call.temperature)
-        point = draft.point.get(node)
-        head_kids = len(kids) if draft.head_nodes is None else sum(kid <= draft.head_nodes for kid in kids)
-        if point is not None:
-            sampled = drafting.draw(p, 1, call.generator)
-            if head_kids == 0 or sampled.tolist()[0] == point:
-                return sampled  # a sample of p; when it is not the point's token, a sample of p without it
-            p = drafting.without_token(p, point)
-        if head_kids == 0:
-            return drafting.draw(p, 1, call.generator)
-        # a dynamic tree's verifier sees the node's whole draft tuple, pruned drafts included
+        # a grown node's whole draft tuple, pruned drafts included, even where none was kept (cycle.grown_outputs)
         drafts = draft.drafts.get(node)
         if drafts is None:
-            drafts = draft.tokens.index_select(0, draft.layout.children[node, :head_kids])
+            head_kids = len(kids) if draft.head_nodes is None else sum(kid <= draft.head_nodes for kid in kids)
+            if head_kids:
+                drafts = draft.tokens.index_select(0, draft.layout.children[node, :head_kids])
+        point = draft.point.get(node)
+        if point is not None:
+            sampled = drafting.draw(p, 1, call.generator)
+            if drafts is None or sampled.tolist()[0] == point:
+                return sampled  # a sample of p; when it is not the point's token, a sample of p without it
+            p = drafting.without_token(p, point)
+        if drafts is None:
+            return drafting.draw(p, 1, call.generator)
         q, ids = draft.q_of(node)
         return self.verifier.sample_batch(p, self.draft_model.vocabulary_q(q, ids), drafts, call.generator)[None]

@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from eagle_mdsd import dynamic, engine, head, sequoia
+from eagle_mdsd import drafting, dynamic, engine, head, sequoia, verification
 from test_engine import P_VALUE, PROMPT, chi_square_p_value, empirical_first_three, exact_first_three
 from tiny import tiny_target
 
@@ -228,3 +228,69 @@ def test_measured_acceptance_comes_from_the_walks(tiny):
     decoder = engine.Decoder(target, draft_head, sequoia.measuring_tree(3, 2))
     acceptance, visits = sequoia.measure_acceptance(decoder, [PROMPT, PROMPT[:3]], 12, 1.0)
     assert len(acceptance) == 3 and visits > 0 and sum(acceptance) <= 1.0 + 1e-12
+
+
+class Scripted(drafting.DraftScheme):
+    """A scheme whose draws are given: the root's tuple, then each expanded node's by its q row."""
+
+    def __init__(self, name: str, root: tuple, by_row: list):
+        self.name, self.root, self.by_row = name, root, by_row
+
+    def sample_batch(self, q, n, generator=None):
+        if self.root is not None:
+            drafts, self.root = [self.root], None
+        else:
+            drafts = [next(tuple_ for row, tuple_ in self.by_row if torch.equal(row, q_row)) for q_row in q]
+        return torch.tensor(drafts)
+
+
+def exact_first_two_error(drafter: str, verifier: str, checked_nodes) -> float:
+    """The largest error of the first two tokens' joint distribution out of an EAGLE-2 tree (3 tokens, top_k 2,
+    depth 2: one depth-1 node's children are kept or not by its own draws), by enumerating every draw in float64:
+    the root's output by the verifier's plan, the second token by the plan at a node in `checked_nodes(tree,
+    chosen, drafted)`, else by p (a leaf, or the next cycle's draw when the first is not a kept child)."""
+    vocab, spec = 3, dynamic.make("eagle2", 2, 2, 2)
+    gen = torch.Generator().manual_seed(3)
+
+    def random_p(rows):
+        return torch.softmax(2.5 * torch.randn(rows, vocab, generator=gen, dtype=torch.float64), -1)
+
+    q_root, p_root, q_next, p_next = random_p(1)[0], random_p(1)[0], random_p(vocab), random_p(vocab)
+    scheme, check = drafting.get(drafter), verification.get(verifier)
+    tuples = list(itertools.product(range(vocab), repeat=spec.top_k))
+    joint = torch.zeros(vocab, vocab, dtype=torch.float64)
+    for root_tuple in tuples:
+        weight = scheme.probabilities(q_root, torch.tensor(root_tuple))
+        tokens = list(dict.fromkeys(root_tuple))  # the expanded depth-1 nodes: repeated drafts are not kept
+        for assigned in itertools.product(tuples, repeat=len(tokens)):
+            node_weight = weight * math.prod(scheme.probabilities(q_next[x], torch.tensor(t))
+                                             for x, t in zip(tokens, assigned))
+            if node_weight == 0:
+                continue
+            scripted = Scripted(drafter, root_tuple, [(q_next[x], t) for x, t in zip(tokens, assigned)])
+            candidates, _, drafted = dynamic.grow(spec, 0, (q_root, None), lambda frontier, c: (
+                q_next[[c.token[node] for node in frontier]], None), scripted)
+            tree, chosen = dynamic.select(candidates, spec.nodes)
+            checked = checked_nodes(tree, chosen, drafted)
+            first = check.plan(p_root, q_root, torch.tensor(root_tuple))
+            for token in range(vocab):
+                node = next((kid for kid in tree.children[0] if candidates.token[chosen[kid]] == token), None)
+                second = p_next[token]
+                if node in checked:
+                    second = check.plan(p_next[token], q_next[token], drafted[checked[node]])
+                joint[token] += node_weight * first[token] * second
+    return float((joint - p_root[:, None] * p_next).abs().max())
+
+
+@pytest.mark.parametrize("drafter, verifier", verification.pairs())
+def test_every_pair_in_a_grown_tree_is_exact_by_enumeration(drafter, verifier):
+    assert exact_first_two_error(drafter, verifier, lambda tree, chosen, drafted: dynamic.verified(chosen, drafted)) < 1e-12
+
+
+@pytest.mark.parametrize("drafter, verifier", [("with_replacement", "rrs_w"), ("without_replacement", "rrs_wo")])
+def test_the_enumeration_catches_a_draw_of_p_at_an_expanded_node_left_childless(drafter, verifier):
+    # The wrong rule (this engine's before): verify only the nodes whose children were kept, draw p at the rest.
+    def with_kept_children(tree, chosen, drafted):
+        return {node: c for node, c in dynamic.verified(chosen, drafted).items() if tree.children[node]}
+
+    assert exact_first_two_error(drafter, verifier, with_kept_children) > 1e-6  # exact ones are within 1e-12
