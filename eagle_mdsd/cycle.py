@@ -1,14 +1,15 @@
-"""The T = 0 cycle on the device: state in device tensors, two fixed-shape functions a cycle, one transfer.
+"""The cycle on the device: state in device tensors, two fixed-shape functions a cycle, one transfer.
 
-With static caches (cache.py) a greedy cycle needs no host decision between drafting and verifying, so its
-state lives in device tensors and each phase is one function of fixed shapes that CUDA graphs replay
-(graphs.py):
+With static caches (cache.py) a cycle needs no host decision between drafting and verifying, so its state
+lives in device tensors and each phase is one function of fixed shapes that CUDA graphs replay (graphs.py):
 
 - `draft`: the head catches up on the pending pairs (padded to the most a cycle commits, so one shape serves
-  every cycle), then drafts the tree: a static tree level by level, one top-k a level; an EAGLE-2 tree grown
-  in fixed-size candidate buffers, reranked, and laid out (parents, depths, paths, mask) by tensor ops;
-- `verify`: the target's tree forward, lm_head, greedy acceptance, the KV gather of the accepted entries next
-  to the root, the next cycle's pending pairs, root and length, and the result the host reads.
+  every cycle), then drafts the tree: a static tree level by level (a top-k, or at T > 0 the scheme's draws);
+  an EAGLE-2 tree grown in fixed-size candidate buffers, reranked, and laid out (parents, depths, paths, mask)
+  by tensor ops;
+- `verify`: the target's tree forward, lm_head, acceptance (greedy, or at T > 0 every node's output drawn up
+  front and a walk by tensor ops), the KV gather of the accepted entries next to the root, the next cycle's
+  pending pairs, root and length, and the result the host reads.
 
 Every mask, position and cache slot is computed inside the functions from the device length, so a replay
 needs no input from the host.  The state is kept twice: a cycle reads one copy and writes the other (one
@@ -17,7 +18,7 @@ warm-up does) gives the same result.  The host copies one small result tensor a 
 token budget and EOS on it; where the budget cannot end the call, the next cycle is queued before the host
 waits for that copy.
 
-What stays on the older path (engine.py): T > 0, schemes other than topk, prompt-lookup trees and OPT-Tree,
+What stays on the older path (engine.py): schemes other than topk at T = 0, prompt-lookup trees and OPT-Tree,
 whose stopping rule depends on the drafted scores.
 """
 
@@ -27,19 +28,17 @@ from dataclasses import dataclass
 
 import torch
 
-from . import drafting
+from . import drafting, dynamic
 from .graphs import Emulated, Graphs
 from .tree import Tree, layout
 
 
 def supports(topology, scheme_name: str, temperature: float) -> bool:
-    """Whether a tree's cycle runs here: at T = 0 a static tree or EAGLE-2 drafted by top-k; at T > 0 a static
-    tree, any pair."""
-    if topology.grafted:
+    """Whether a tree's cycle runs here: a static tree or EAGLE-2, drafted by top-k at T = 0, by any scheme of a
+    lossless pair at T > 0."""
+    if topology.grafted or not (topology.static or topology.name == "eagle2"):
         return False
-    if temperature > 0:
-        return topology.static
-    return scheme_name == "topk" and (topology.static or topology.name == "eagle2")
+    return temperature > 0 or scheme_name == "topk"
 
 
 @dataclass(frozen=True)
@@ -84,6 +83,28 @@ def sampled_outputs(plan: SampledPlan, p, q_internal, tokens, verifier, full_q, 
     if len(plan.leaves):
         outputs.index_copy_(0, plan.leaves, drafting.draw(p.index_select(0, plan.leaves), 1, generator)[:, 0])
     return outputs
+
+
+def grown_outputs(p, q_nodes, drafts, expanded, verifier, generator) -> torch.Tensor:
+    """A grown tree's output tokens [N+1], each distributed as p at its node: the verifier's draw against the
+    node's whole draft tuple [N+1, k] wherever the node was expanded, kept children or not (dynamic.verified), a
+    draw of p elsewhere."""
+    drawn = verifier.sample_batch(p, q_nodes, drafts, generator)
+    return torch.where(expanded, drawn, drafting.draw(p, 1, generator)[:, 0])
+
+
+def grown_walk(parent, outputs, tokens, levels: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """sampled_walk over a tree given by its parents: into the lowest-numbered child holding the output."""
+    nodes = torch.arange(len(parent), device=parent.device)
+    node = nodes[:1]
+    accepted, going, path = torch.zeros_like(node), torch.ones(1, dtype=torch.bool, device=tokens.device), [node]
+    for _ in range(levels):
+        hit = (parent == node) & (nodes > 0) & (tokens == outputs.index_select(0, node))
+        found = hit.any().reshape(1) & going
+        node = torch.where(found, hit.to(torch.int8).argmax().reshape(1), node)
+        accepted, going = accepted + found.long(), found
+        path.append(node)
+    return torch.cat(path), accepted
 
 
 def sampled_walk(plan: SampledPlan, outputs, tokens, levels: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -177,7 +198,9 @@ class DeviceCycle:
             self.nodes, self.levels = 0, 0
         elif self.grown:
             self.spec = topology
-            self.nodes, self.levels = topology.nodes, topology.max_depth
+            k = topology.top_k  # a tree of at most the candidates grown
+            self.nodes = min(topology.nodes, k + (topology.max_depth - 1) * k * k)
+            self.levels = topology.max_depth
         else:
             self.tree = topology
             self.nodes, self.levels = topology.size, topology.max_depth
@@ -198,10 +221,8 @@ class DeviceCycle:
                 self.tree_buffers.set_static(topology, device, self.dtype)
                 self._static_levels()
                 self.plan = SampledPlan.of(topology, device)
-                model = decoder.draft_model
-                vocabulary = len(model.ids) if model.ids is not None else decoder.lm_head.weight.shape[0]
                 internal = sum(len(level["parents"]) for level in self.static_levels)
-                self.q_internal = torch.zeros(internal, vocabulary, device=device)
+                self.q_internal = torch.zeros(internal, self._draft_vocabulary(), device=device)
         self.transfer = Transfer(self.result, device)
 
     # -- set-up ------------------------------------------------------------------------------
@@ -228,7 +249,13 @@ class DeviceCycle:
         seen = tree.ancestors[slot_nodes][:, slot_nodes] if slot_nodes else torch.zeros(1, 1, dtype=torch.bool)
         self.slot_seen = seen.to(device)
 
+    def _draft_vocabulary(self) -> int:
+        ids = self.decoder.draft_model.ids
+        return len(ids) if ids is not None else self.decoder.lm_head.weight.shape[0]
+
     def _grown_buffers(self) -> None:
+        """The candidates of a grown tree, and for T > 0 what the verifier reads at each expanded candidate: its q
+        and its whole draft tuple (row 0 the root's, then top_k rows a depth)."""
         spec, device = self.spec, self.device
         k = spec.top_k
         self.candidates = k + (spec.max_depth - 1) * k * k
@@ -238,6 +265,12 @@ class DeviceCycle:
         self.cand_parent = torch.zeros(self.candidates, **long)  # -1: the root
         self.cand_depth = torch.zeros(self.candidates, **long)
         self.cand_score = torch.zeros(self.candidates, dtype=torch.float32, device=device)
+        expanded = 1 + (spec.max_depth - 1) * k
+        self.cand_row = torch.zeros(self.candidates, **long)  # row of an expanded candidate, else -1
+        self.node_row = torch.zeros(self.nodes + 1, **long)  # the same for the tree's nodes, the root's 0
+        self.expanded_q = torch.zeros(expanded, self._draft_vocabulary(), device=device)
+        self.expanded_drafts = torch.zeros(expanded, k, **long)
+        self.expanded_rows = torch.arange(expanded, device=device)
 
     # -- masks -------------------------------------------------------------------------------
 
@@ -311,20 +344,25 @@ class DeviceCycle:
 
     def _grow(self, state: State, root_prediction) -> None:
         """EAGLE-2 (dynamic.py) in fixed-size buffers: each depth expands the best top_k candidates of the last
-        into their top_k children; then the best `nodes` candidates become the tree.  Candidates are numbered
-        depth by depth, so ranking by (score, number) puts a parent before its children on ties."""
+        into top_k children drawn by the scheme (dynamic.draw_children: at T = 0 the top k); then the best `nodes`
+        candidates become the tree.  Candidates are numbered depth by depth, so ranking by (score, number) puts a
+        parent before its children on ties.  A repeated draft scores -inf: it ranks below every other candidate,
+        and where it is chosen all the same (too few others) the walk never reaches it, as an earlier sibling
+        holds its token."""
         spec, model = self.spec, self.decoder.draft_model
         k, device = spec.top_k, self.device
-        q = torch.softmax(self._logits(root_prediction).float(), -1)
-        values, columns = q.topk(k, -1)
-        self.cand_token[:k] = self._ids(columns[0])
-        self.cand_score[:k] = values[0].clamp_min(1e-30).log()
+        sampled = self.temperature > 0
+        drafts, logs = self._children(root_prediction, 0 if sampled else None)
+        self.cand_token[:k] = drafts[0]
+        self.cand_score[:k] = logs[0]
         self.cand_parent[:k] = -1
         self.cand_depth[:k] = 1
         frontier = torch.sort(self.cand_score[:k], descending=True, stable=True).indices
         inputs = root_prediction.expand(k, -1)
         seen = torch.zeros(k, self.slot_count, dtype=torch.bool, device=device)
         own = torch.arange(k, device=device)
+        if sampled:
+            self.cand_row.fill_(-1)
         for depth in range(1, spec.max_depth):
             offsets = (depth - 1) * k + own
             seen = seen.index_copy(1, offsets, torch.eye(k, dtype=torch.bool, device=device))
@@ -332,12 +370,13 @@ class DeviceCycle:
             outputs = model._forward(self.head_cache, inputs, self.cand_token.index_select(0, frontier),
                                      (state.length + depth).expand(k), self._mask(self.head_columns, state.length,
                                                                                   seen), slots)
-            q = torch.softmax(self._logits(outputs).float(), -1)
-            values, columns = q.topk(k, -1)
+            if sampled:
+                self.cand_row.index_copy_(0, frontier, self.expanded_rows[1 + offsets])
+            drafts, logs = self._children(outputs, 1 + (depth - 1) * k if sampled else None)
             start = k + (depth - 1) * k * k
             block = slice(start, start + k * k)
-            scores = self.cand_score.index_select(0, frontier)[:, None] + values.clamp_min(1e-30).log()
-            self.cand_token[block] = self._ids(columns.reshape(-1))
+            scores = self.cand_score.index_select(0, frontier)[:, None] + logs
+            self.cand_token[block] = drafts.reshape(-1)
             self.cand_score[block] = scores.reshape(-1)
             self.cand_parent[block] = frontier.repeat_interleave(k)
             self.cand_depth[block] = depth + 1
@@ -346,6 +385,18 @@ class DeviceCycle:
             frontier = start + best
             inputs, seen = outputs.index_select(0, parents), seen.index_select(0, parents)
         self._select()
+
+    def _children(self, outputs, row: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Drafts [F, k] (vocabulary ids) and their log q of the head's outputs [F, H]; at T > 0 their q and
+        drafts are kept from expanded row `row` on."""
+        model = self.decoder.draft_model
+        scale = self.temperature if self.temperature > 0 else 1.0
+        q = torch.softmax(self._logits(outputs.reshape(-1, outputs.shape[-1])).float() / scale, -1)
+        drafts, logs = dynamic.draw_children(q, self.spec.top_k, self.decoder.scheme, self.generator, model.ids)
+        if row is not None:
+            self.expanded_q[row : row + len(q)] = q
+            self.expanded_drafts[row : row + len(q)] = drafts
+        return drafts, logs
 
     def _select(self) -> None:
         """The best `nodes` candidates as the tree: nodes in candidate order (parents first), the root node 0."""
@@ -358,6 +409,8 @@ class DeviceCycle:
         depth = torch.cat([self.rows[:1], self.cand_depth.index_select(0, chosen)])
         buffers.tokens[1:] = self.cand_token.index_select(0, chosen)
         buffers.lay_out(parent, depth, self.levels)
+        if self.temperature > 0:
+            self.node_row[1:] = self.cand_row.index_select(0, chosen)
 
     def verify(self, parity: int) -> torch.Tensor:
         """Score the tree, accept its greedy path, move the path's entries next to the root, leave the next
@@ -406,9 +459,16 @@ class DeviceCycle:
         if self.method == "baseline":
             return self.rows[:1], self.rows[:1] * 0, drafting.draw(p, 1, self.generator)[:, 0]
         model = decoder.draft_model
-        outputs = sampled_outputs(self.plan, p, self.q_internal, tokens, decoder.verifier,
-                                  lambda q: model.vocabulary_q(q, model.ids), self.generator)
-        path, accepted = sampled_walk(self.plan, outputs, tokens, self.levels)
+        if self.grown:
+            rows = self.node_row.clamp_min(0)
+            q = model.vocabulary_q(self.expanded_q.index_select(0, rows), model.ids)
+            outputs = grown_outputs(p, q, self.expanded_drafts.index_select(0, rows), self.node_row >= 0,
+                                    decoder.verifier, self.generator)
+            path, accepted = grown_walk(self.tree_buffers.parent, outputs, tokens, self.levels)
+        else:
+            outputs = sampled_outputs(self.plan, p, self.q_internal, tokens, decoder.verifier,
+                                      lambda q: model.vocabulary_q(q, model.ids), self.generator)
+            path, accepted = sampled_walk(self.plan, outputs, tokens, self.levels)
         return path, accepted, outputs.index_select(0, path[-1:])
 
     # -- the host side -------------------------------------------------------------------------

@@ -357,7 +357,7 @@ class Decoder:
             call.context.extend(emitted)
 
     def _device_cycle(self, call: Call, method: str) -> cycle.DeviceCycle | None:
-        """The call's T = 0 cycle on the device (cycle.py), where its caches are static and its tree allows."""
+        """The call's cycle on the device (cycle.py), where its caches are static and its tree allows."""
         if not self.static or (method == "eagle" and not cycle.supports(self.tree, self.scheme.name,
                                                                          call.temperature)):
             return None

@@ -50,9 +50,9 @@ ROWS = [  # (label, method, tree, drafter, verifier, temperature)
     ("eagle_default+lookup", "eagle", "eagle_default+lookup", "topk", "topk", 0.0),
     ("our plain step, T = 1", "baseline", None, "topk", "topk", 1.0),
     *((f"{tree}, T = 1, {scheme}/{verifier}", "eagle", tree, scheme, verifier, 1.0)
+      for usual, two_children in (("eagle_default", "binary_depth4"), ("eagle2", "eagle2:top_k=2"))
       for scheme, verifier in verification.pairs()
-      for tree in ["binary_depth4" if scheme == "spechub" else "eagle_default"]),
-    ("eagle2, T = 1, topk/topk", "eagle", "eagle2", "topk", "topk", 1.0),
+      for tree in [two_children if scheme == "spechub" else usual]),  # SpecHub drafts two children a node
 ]
 PROMPT = list(range(3, 40))
 

@@ -4,7 +4,7 @@ The budgets: what a cycle issues from the host, counted by hostsync.per_cycle: o
 graphs, graph replays and transfers to the host.  Before the cycle ran on the device these counts were, per
 cycle at T = 0: our plain step 14 ops, 1 replay, 1 transfer; chain2 80, 3, 1; eagle_default 186, 6, 1; eagle2
 at its defaults 382, 7, 13; and at T = 1 on eagle_default 500 to 940 ops and 2.6 to 6.1 transfers by pair (the
-issues' counts).  The budget tests fail on that loop.
+issues' counts), on eagle2 387 ops and 13 transfers (rrs_wo).  The budget tests fail on that loop.
 """
 
 from __future__ import annotations
@@ -58,7 +58,8 @@ def test_a_greedy_cycle_with_graphs_stays_within_its_host_budget(target_and_head
     assert decoder.graphs.entries and decoder.graphs.refused is None
 
 
-@pytest.mark.parametrize("spec", ["chain2", "eagle_default", "eagle2", "eagle2:total_tokens=16,depth=5,top_k=4"])
+@pytest.mark.parametrize("spec", ["chain2", "eagle_default", "eagle2", "eagle2:total_tokens=16,depth=5,top_k=4",
+                                  "eagle2:top_k=2"])  # the last grows 22 candidates, fewer than its 59 nodes
 def test_the_device_cycle_decodes_as_the_host_cycle(target_and_head, spec):
     # Greedy tokens, accept lengths and the child ranks of the walk (sequoia.py reads them) are the host loop's.
     target, draft_head = target_and_head
@@ -69,7 +70,7 @@ def test_the_device_cycle_decodes_as_the_host_cycle(target_and_head, spec):
         result = device.generate(PROMPT, TOKENS, 0.0)
         assert result.token_ids == host.token_ids == reference
         assert result.accept_lengths == host.accept_lengths and result.accepted_ranks == host.accepted_ranks
-    if spec != "chain2":  # the wide trees' drafts are accepted on this random head (a chain's two seldom are)
+    if spec not in ("chain2", "eagle2:top_k=2"):  # wide trees' drafts are accepted on this random head
         assert max(host.accept_lengths) > 1
     assert len(device.device_cycles) == 1
 
@@ -83,18 +84,24 @@ def test_a_token_budget_inside_a_path_cuts_the_device_cycle_there(target_and_hea
         assert device.generate(PROMPT, tokens, 0.0).token_ids == full[:tokens]
 
 
+SAMPLED_BUDGETS = {"static": 30, "eagle2": 40}  # most ops a cycle at T = 1, every pair; 3 replays, 1 transfer
+
+
+@pytest.mark.parametrize("kind", list(SAMPLED_BUDGETS))
 @pytest.mark.parametrize("pair", verification.pairs())
-def test_a_sampled_cycle_with_graphs_stays_within_its_host_budget(target_and_head, pair):
+def test_a_sampled_cycle_with_graphs_stays_within_its_host_budget(target_and_head, pair, kind):
     target, draft_head = target_and_head
-    topology = dynamic.load("binary_depth4" if pair[0] == "spechub" else "eagle_default")
-    decoder = engine.Decoder(target, draft_head, topology, *pair, cuda_graphs="emulate")
+    spechub = pair[0] == "spechub"  # two children a node
+    spec = {"static": "binary_depth4" if spechub else "eagle_default",
+            "eagle2": "eagle2:top_k=2" if spechub else "eagle2"}[kind]
+    decoder = engine.Decoder(target, draft_head, dynamic.load(spec), *pair, cuda_graphs="emulate")
 
     def call(tokens):
         return decoder.generate(PROMPT, tokens, 1.0, seed=tokens).cycles or 1
 
     call(TOKENS)
     counts = hostsync.per_cycle(call, TOKENS)
-    assert counts["ops"] <= 30 and counts["replays"] <= 3 and counts["transfers"] == 1, counts
+    assert counts["ops"] <= SAMPLED_BUDGETS[kind] and counts["replays"] <= 3 and counts["transfers"] == 1, counts
     assert counts["uploads"] == 0, counts
 
 

@@ -53,11 +53,14 @@ SAMPLED = [("greedy", "greedy", "eagle2:total_tokens=5,depth=3,top_k=3"),
            ("spechub", "spechub", "eagle2:total_tokens=6,depth=3,top_k=2")]
 
 
+@pytest.mark.parametrize("graphs", ["off", "emulate"])
 @pytest.mark.parametrize("drafter, verifier, spec", SAMPLED, ids=[f"{d}-{v}" for d, v, _ in SAMPLED])
-def test_sampled_children_follow_the_target_exactly_at_temperature_one(tiny, drafter, verifier, spec):
+def test_sampled_children_follow_the_target_exactly_at_temperature_one(tiny, drafter, verifier, spec, graphs):
+    # graphs emulated: the tree grows and is verified on the device (cycle.py), every output drawn up front
     target, draft_head = tiny
-    decoder = engine.Decoder(target, draft_head, dynamic.load(spec), drafter, verifier)
+    decoder = engine.Decoder(target, draft_head, dynamic.load(spec), drafter, verifier, cuda_graphs=graphs)
     assert chi_square_p_value(empirical_first_three(decoder, 1.0), exact_first_three(target, 1.0)) > P_VALUE
+    assert bool(decoder.device_cycles) == (graphs == "emulate")
 
 
 def test_sampled_children_are_greedy_at_temperature_zero(tiny):

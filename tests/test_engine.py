@@ -251,7 +251,7 @@ def test_static_shapes_decode_as_the_growing_cache(tiny):
         assert len(static.static_caches) == 1 and next(iter(static.static_caches.values()))[0].static
 
 
-@pytest.mark.parametrize("spec", ["eagle_default", "eagle_default+lookup", "eagle2:total_tokens=8,depth=3,top_k=3"])
+@pytest.mark.parametrize("spec", ["eagle_default", "eagle_default+lookup", "opt_tree:nodes=8,threshold=0.1,max_depth=3,top_k=3"])
 def test_static_shapes_stay_greedy_on_every_kind_of_tree(sharp_llama, spec):
     target, draft_head = sharp_llama
     reference = engine.Decoder(target).generate(PROMPT, 24, method="baseline").token_ids
@@ -308,7 +308,7 @@ class ReplayedOnTheCpu:
         return Emulated()
 
 
-@pytest.mark.parametrize("spec", ["eagle_default", "eagle_default+lookup", "eagle2:total_tokens=8,depth=3,top_k=3"])
+@pytest.mark.parametrize("spec", ["eagle_default", "eagle_default+lookup", "opt_tree:nodes=8,threshold=0.1,max_depth=3,top_k=3"])
 def test_replayed_graphs_decode_as_eager_calls(sharp_llama, spec):
     # The decoder's use of graphs (inputs copied into a graph's buffers, outputs reused by every replay, one graph
     # per row count and cache, caches kept across calls) emulated on the CPU: the same tokens at T = 0 and T = 1.
