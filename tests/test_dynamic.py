@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import itertools
 import json
 import math
@@ -68,15 +66,6 @@ def test_sampled_children_are_greedy_at_temperature_zero(tiny):
     reference = engine.Decoder(target).generate(PROMPT, 14, method="baseline").token_ids
     decoder = engine.Decoder(target, draft_head, dynamic.load(SAMPLED[0][2]), "greedy", "greedy")
     assert decoder.generate(PROMPT, 14, 0.0).token_ids == reference
-
-
-def test_the_test_catches_a_verifier_that_sees_only_the_kept_children(tiny, monkeypatch):
-    # The wrong rule: verify the pruned tuple, as if the kept children were all that was drawn.
-    target, draft_head = tiny
-    decoder = engine.Decoder(target, draft_head, dynamic.load(SAMPLED[0][2]), "greedy", "greedy")
-    draft = decoder.drafter.draft
-    monkeypatch.setattr(decoder.drafter, "draft", lambda *args: dataclasses.replace(draft(*args), drafts={}))
-    assert chi_square_p_value(empirical_first_three(decoder, 1.0, 4000), exact_first_three(target, 1.0)) < P_VALUE
 
 
 @pytest.mark.parametrize("spec, drafter, verifier, message", [
@@ -247,11 +236,12 @@ class Scripted(drafting.DraftScheme):
         return torch.tensor(drafts)
 
 
-def exact_first_two_error(drafter: str, verifier: str, checked_nodes) -> float:
+def exact_first_two_error(drafter: str, verifier: str, rule) -> float:
     """The largest error of the first two tokens' joint distribution out of an EAGLE-2 tree (3 tokens, top_k 2,
-    depth 2: one depth-1 node's children are kept or not by its own draws), by enumerating every draw in float64:
-    the root's output by the verifier's plan, the second token by the plan at a node in `checked_nodes(tree,
-    chosen, drafted)`, else by p (a leaf, or the next cycle's draw when the first is not a kept child)."""
+    depth 2: one depth-1 node's children are kept or not by its own draws), by enumerating every draw in float64.
+    rule(tree, chosen, candidates, drafted) -> {node: the drafts its verifier sees}; a node's output is the
+    verifier's plan there, else p (at a node without drafts, and the next cycle's draw when the first token is
+    not a kept child)."""
     vocab, spec = 3, dynamic.make("eagle2", 2, 2, 2)
     gen = torch.Generator().manual_seed(3)
 
@@ -260,6 +250,10 @@ def exact_first_two_error(drafter: str, verifier: str, checked_nodes) -> float:
 
     q_root, p_root, q_next, p_next = random_p(1)[0], random_p(1)[0], random_p(vocab), random_p(vocab)
     scheme, check = drafting.get(drafter), verification.get(verifier)
+
+    def output(p, q, drafts):
+        return p if drafts is None else check.plan(p, q, drafts)
+
     tuples = list(itertools.product(range(vocab), repeat=spec.top_k))
     joint = torch.zeros(vocab, vocab, dtype=torch.float64)
     for root_tuple in tuples:
@@ -274,26 +268,38 @@ def exact_first_two_error(drafter: str, verifier: str, checked_nodes) -> float:
             candidates, _, drafted = dynamic.grow(spec, 0, (q_root, None), lambda frontier, c: (
                 q_next[[c.token[node] for node in frontier]], None), scripted)
             tree, chosen = dynamic.select(candidates, spec.nodes)
-            checked = checked_nodes(tree, chosen, drafted)
-            first = check.plan(p_root, q_root, torch.tensor(root_tuple))
+            seen = rule(tree, chosen, candidates, drafted)
+            first = output(p_root, q_root, seen.get(0))
             for token in range(vocab):
                 node = next((kid for kid in tree.children[0] if candidates.token[chosen[kid]] == token), None)
-                second = p_next[token]
-                if node in checked:
-                    second = check.plan(p_next[token], q_next[token], drafted[checked[node]])
+                second = output(p_next[token], q_next[token], seen.get(node))
                 joint[token] += node_weight * first[token] * second
     return float((joint - p_root[:, None] * p_next).abs().max())
 
 
+def the_engines_rule(tree, chosen, candidates, drafted):
+    return {node: drafted[c] for node, c in dynamic.verified(chosen, drafted).items()}
+
+
+def kept_children_only(tree, chosen, candidates, drafted):
+    """Wrong (this engine's before): verify only the nodes whose children were kept, draw p at the rest."""
+    return {node: drafts for node, drafts in the_engines_rule(tree, chosen, candidates, drafted).items()
+            if tree.children[node]}
+
+
+def the_pruned_tuple(tree, chosen, candidates, drafted):
+    """Wrong: verify the kept children, as if they were all that was drawn."""
+    return {node: torch.tensor([candidates.token[chosen[kid]] for kid in kids])
+            for node, kids in enumerate(tree.children) if kids}
+
+
 @pytest.mark.parametrize("drafter, verifier", verification.pairs())
 def test_every_pair_in_a_grown_tree_is_exact_by_enumeration(drafter, verifier):
-    assert exact_first_two_error(drafter, verifier, lambda tree, chosen, drafted: dynamic.verified(chosen, drafted)) < 1e-12
+    assert exact_first_two_error(drafter, verifier, the_engines_rule) < 1e-12
 
 
-@pytest.mark.parametrize("drafter, verifier", [("with_replacement", "rrs_w"), ("without_replacement", "rrs_wo")])
-def test_the_enumeration_catches_a_draw_of_p_at_an_expanded_node_left_childless(drafter, verifier):
-    # The wrong rule (this engine's before): verify only the nodes whose children were kept, draw p at the rest.
-    def with_kept_children(tree, chosen, drafted):
-        return {node: c for node, c in dynamic.verified(chosen, drafted).items() if tree.children[node]}
-
-    assert exact_first_two_error(drafter, verifier, with_kept_children) > 1e-6  # exact ones are within 1e-12
+@pytest.mark.parametrize("rule, drafter, verifier", [
+    (kept_children_only, "with_replacement", "rrs_w"), (kept_children_only, "without_replacement", "rrs_wo"),
+    (the_pruned_tuple, "greedy", "greedy"), (the_pruned_tuple, "with_replacement", "rrs_w")])
+def test_the_enumeration_catches_a_wrong_rule(rule, drafter, verifier):
+    assert exact_first_two_error(drafter, verifier, rule) > 1e-6  # the exact rule's is within 1e-12
