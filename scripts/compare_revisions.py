@@ -5,7 +5,7 @@ answer the same MT-Bench first turns in turn (alternating which goes first), so 
 the machine's drift between runs.
 
     .venv/bin/python scripts/compare_revisions.py REV [--questions 8] [--temperatures 0 1]
-        [--tree eagle_default] [--method eagle|baseline] [--max-new-tokens 128] [--name NAME]
+        [--tree eagle_default] [--pair topk/topk] [--method eagle|baseline] [--max-new-tokens 128] [--name NAME]
 
 Writes evaluation/results/NAME.md (default engine_vs_REV_<date>_<dtype>).
 """
@@ -24,7 +24,7 @@ import tempfile
 from io import BytesIO
 from pathlib import Path
 
-from eagle_mdsd import bench, benchmarks, dynamic, engine, head, lookup, models, questions
+from eagle_mdsd import bench, benchmarks, drafting, dynamic, engine, head, lookup, models, questions, verification
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -63,6 +63,7 @@ def main() -> None:
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     parser.add_argument("--tree", default="eagle_default",
                         help="a tree as --tree takes it: static, dynamic (eagle2, opt_tree) or TREE+lookup")
+    parser.add_argument("--pair", default="topk/topk", help="DRAFTER/VERIFIER, as the benchmark's --sampling-pair")
     parser.add_argument("--static-shapes", action="store_true",
                         help="the working tree on static caches, as with CUDA graphs (its greedy cycle on the device)")
     parser.add_argument("--method", choices=["eagle", "baseline"], default="eagle",
@@ -78,8 +79,10 @@ def main() -> None:
     if known.returncode != 0:
         parser.error(f"{args.revision!r} is not a commit of this repository: give a commit, tag or branch "
                      "(git log --oneline lists them)")
+    drafter, _, verifier = args.pair.partition("/")
     try:
         tree = dynamic.load(args.tree)
+        verification.check_pair(drafting.get(drafter), verification.get(verifier))
     except (ValueError, FileNotFoundError) as error:
         parser.error(str(error))
     dtype = models.parse_dtype(args.dtype)
@@ -92,10 +95,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         old_engine = engine_at(args.revision, Path(folder))
         old_target, old_head = copy.deepcopy(target), copy.deepcopy(draft_head)  # packed by that revision's kernels
-        decoders = {args.revision: old_engine.Decoder(old_target, old_head, same_tree(old_engine, tree),
-                                                      eos_token_ids=eos, draft_vocab="auto"),
-                    "working tree": engine.Decoder(target, draft_head, tree, eos_token_ids=eos, draft_vocab="auto",
-                                                   static_shapes=args.static_shapes or None)}
+        decoders = {args.revision: old_engine.Decoder(old_target, old_head, same_tree(old_engine, tree), drafter,
+                                                      verifier, eos_token_ids=eos, draft_vocab="auto"),
+                    "working tree": engine.Decoder(target, draft_head, tree, drafter, verifier, eos_token_ids=eos,
+                                                   draft_vocab="auto", static_shapes=args.static_shapes or None)}
         chosen = questions.load("mt_bench")[:: 10][: args.questions]
         prompts = [bench.conversation_ids(tokenizer, [q["turns"][0]], []) for q in chosen]
         rows = []
@@ -121,14 +124,16 @@ def main() -> None:
     text = "\n".join([
         f"# Engine at {args.revision} against the working tree, {date}", "",
         f"Machine: {machine['cpu']}, {machine['threads']} torch threads, torch {machine['torch']}, {args.dtype}. "
-        + (f"Embedded default with the shipped head, tree {args.tree}, topk drafter and verifier, draft vocabulary "
-           "auto; " if args.method == "eagle" else "Embedded default, plain decoding (method baseline); ")
+        + (f"Embedded default with the shipped head, tree {args.tree}, {drafter} drafter, {verifier} verifier, draft "
+           "vocabulary auto; " if args.method == "eagle" else "Embedded default, plain decoding (method baseline); ")
         + "MT-Bench first turns "
         f"{', '.join(str(q['question_id']) for q in chosen)}, at most {args.max_new_tokens} new tokens, "
         "both engines in one process answering each question in turn (alternating which goes first).", "",
         f"Command: `.venv/bin/python scripts/compare_revisions.py {args.revision} --questions {args.questions} "
-        f"--temperatures {' '.join(f'{t:g}' for t in args.temperatures)} --tree {args.tree} --method {args.method}"
-        + (" --static-shapes" if args.static_shapes else "") + "`",
+        f"--temperatures {' '.join(f'{t:g}' for t in args.temperatures)} --tree {args.tree} --pair {args.pair} "
+        f"--method {args.method}" + (" --static-shapes" if args.static_shapes else "")
+        + (f" --max-new-tokens {args.max_new_tokens}" if args.max_new_tokens != 128 else "")
+        + (f" --name {args.name}" if args.name else "") + "`",
         *(["", "The working tree runs on static caches (its cycle on the device, cycle.py), the revision as its "
                "default on a CPU."] if args.static_shapes else []),
         "",
