@@ -5,7 +5,11 @@ answer the same MT-Bench first turns in turn (alternating which goes first), so 
 the machine's drift between runs.
 
     .venv/bin/python scripts/compare_revisions.py REV [--questions 8] [--temperatures 0 1]
-        [--tree eagle_default] [--pair topk/topk] [--method eagle|baseline] [--max-new-tokens 128] [--name NAME]
+        [--tree eagle_default] [--pair topk/topk] [--method eagle|baseline] [--max-new-tokens 128]
+        [--first-cycles N] [--name NAME]
+
+--first-cycles N also runs each question's first cycle N times a seed (a call of depth + 1 tokens) and compares
+the mean accepted length: one context, so sampled answers that diverge do not make it noisy.
 
 Writes evaluation/results/NAME.md (default engine_vs_REV_<date>_<dtype>).
 """
@@ -23,6 +27,8 @@ import tarfile
 import tempfile
 from io import BytesIO
 from pathlib import Path
+
+import torch
 
 from eagle_mdsd import bench, benchmarks, drafting, dynamic, engine, head, lookup, models, questions, verification
 
@@ -56,6 +62,22 @@ def same_tree(old_engine, topology):
     return topology
 
 
+def first_cycle_rows(decoders: dict, prompts: list, tokens: int, temperature: float, seeds: int) -> list[str]:
+    """Table rows: each engine's mean accepted length over the first cycle of every prompt and seed."""
+    lengths = {label: [] for label in decoders}
+    for prompt in prompts:
+        for seed in range(1000, 1000 + seeds):
+            for label, decoder in decoders.items():
+                lengths[label].append(decoder.generate(prompt, tokens, temperature, seed=seed).accept_lengths[0])
+    rows, reference = [], None
+    for label, values in lengths.items():
+        values = torch.tensor(values, dtype=torch.float64)
+        mean, error = values.mean().item(), (values.std() / len(values) ** 0.5).item()
+        reference = mean if reference is None else reference
+        rows.append(f"| {temperature:g} | {label} | {len(values)} | {mean:.3f} | {error:.3f} | {mean - reference:+.3f} |")
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("revision", help="a git revision of this repository (commit, tag, branch)")
@@ -69,6 +91,8 @@ def main() -> None:
     parser.add_argument("--method", choices=["eagle", "baseline"], default="eagle",
                         help="baseline: the engines' plain decoding (no head, no tree)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--first-cycles", type=int, default=0,
+                        help="also the mean accepted length of each question's first cycle over this many seeds")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--name")
     args = parser.parse_args()
@@ -101,7 +125,7 @@ def main() -> None:
                                                    draft_vocab="auto", static_shapes=args.static_shapes or None)}
         chosen = questions.load("mt_bench")[:: 10][: args.questions]
         prompts = [bench.conversation_ids(tokenizer, [q["turns"][0]], []) for q in chosen]
-        rows = []
+        rows, firsts = [], []
         for temperature in args.temperatures:
             totals = {label: [0, 0.0, 0] for label in decoders}  # new tokens, seconds, cycles
             for decoder in decoders.values():  # warm-up
@@ -119,6 +143,9 @@ def main() -> None:
                 rows.append(f"| {temperature:g} | {label} | {tokens} | {tokens / cycles:.2f} | {speed[label]:.1f} | "
                             f"{speed[label] / speed[args.revision]:.2f}x |")
             print(rows[-2], rows[-1], sep="\n")
+            if args.first_cycles and args.method == "eagle":
+                firsts.extend(first_cycle_rows(decoders, prompts, tree.max_depth + 1, temperature, args.first_cycles))
+                print(*firsts[-2:], sep="\n")
 
     machine = benchmarks.machine()
     text = "\n".join([
@@ -133,12 +160,17 @@ def main() -> None:
         f"--temperatures {' '.join(f'{t:g}' for t in args.temperatures)} --tree {args.tree} --pair {args.pair} "
         f"--method {args.method}" + (" --static-shapes" if args.static_shapes else "")
         + (f" --max-new-tokens {args.max_new_tokens}" if args.max_new_tokens != 128 else "")
+        + (f" --first-cycles {args.first_cycles}" if args.first_cycles else "")
         + (f" --name {args.name}" if args.name else "") + "`",
         *(["", "The working tree runs on static caches (its cycle on the device, cycle.py), the revision as its "
                "default on a CPU."] if args.static_shapes else []),
         "",
         "| T | engine | new tokens | tau | tokens/s | against the revision |",
-        "|---|---|---|---|---|---|", *rows, ""])
+        "|---|---|---|---|---|---|", *rows, "",
+        *([f"First cycles: each question's first cycle, {args.first_cycles} seeds a question (1000 on), both engines "
+           "on each seed in turn; accepted length counts the bonus token.", "",
+           "| T | engine | first cycles | mean accepted length | standard error | against the revision |",
+           "|---|---|---|---|---|---|", *firsts, ""] if firsts else [])])
     out = ROOT / "evaluation" / "results" / f"{name}.md"
     out.write_text(text)
     print(f"wrote {out.relative_to(ROOT)}")
