@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
-from eagle_mdsd import drafting, dynamic, engine, head, lookup, tree
+from eagle_mdsd import drafting, dynamic, engine, head, lookup, tree, verification
 from test_engine import P_VALUE, PROMPT, TREES, chi_square_p_value, empirical_first_three, exact_first_three
 from tiny import tiny_target
 
@@ -84,6 +86,28 @@ def test_sampled_copy_cycles_follow_the_target_exactly(tiny, monkeypatch):
     counts = empirical_first_three(decoder, 1.0)
     assert sum(decoder.generate(PROMPT, 3, 1.0, seed=seed).copy_cycles for seed in range(20)) > 0
     assert chi_square_p_value(counts, exact_first_three(target, 1.0)) > P_VALUE
+
+
+def lookup_node_error(drafter: str, verifier: str, rest_of=drafting.without_token) -> float:
+    """The largest error of Decoder._verify_node's output distribution at a node with a lookup draft, by
+    enumeration in float64 over every lookup token l and every draw of two head drafts (from q): l with
+    probability p(l), else the verifier on the head drafts against rest_of(p, l)."""
+    gen = torch.Generator().manual_seed(0)
+    p, q = torch.softmax(2.0 * torch.randn(2, 4, generator=gen, dtype=torch.float64), -1)
+    scheme, check = drafting.get(drafter), verification.get(verifier)
+    error = 0.0
+    for point in range(4):
+        output = p[point] * torch.nn.functional.one_hot(torch.tensor(point), 4).double()
+        for drafts in map(torch.tensor, itertools.product(range(4), repeat=2)):
+            output += (1 - p[point]) * scheme.probabilities(q, drafts) * check.plan(rest_of(p, point), q, drafts)
+        error = max(error, float((output - p).abs().max()))
+    return error
+
+
+@pytest.mark.parametrize("drafter, verifier", verification.pairs())
+def test_a_node_with_a_lookup_draft_outputs_p_for_every_pair_by_enumeration(drafter, verifier):
+    assert lookup_node_error(drafter, verifier) < 1e-12
+    assert lookup_node_error(drafter, verifier, lambda p, token: p) > 1e-3  # the residual ignored: caught
 
 
 def test_a_lookup_verifier_that_ignores_the_head_drafts_residual_is_caught(tiny, monkeypatch):
