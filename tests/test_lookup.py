@@ -67,7 +67,10 @@ def test_lookup_trees_load_by_name():
 # tree some proposals share drafted children and some hang below them or the root.
 SAMPLED = [("without_replacement", "rrs_wo", "wide"), ("with_replacement", "kseq", "wide"),
            ("greedy", "greedy", "wide"), ("without_replacement", "rrs_wo", "chain1"),
-           ("topk", "topk", "eagle2:total_tokens=5,depth=2,top_k=2")]
+           ("topk", "topk", "eagle2:total_tokens=5,depth=2,top_k=2"), ("with_replacement", "rrs_w", "wide"),
+           ("with_replacement", "topk", "wide"), ("without_replacement", "topk", "wide"), ("greedy", "topk", "wide"),
+           ("spechub", "spechub", "binary2"), ("spechub", "topk", "eagle2:total_tokens=5,depth=2,top_k=2")]
+assert {case[:2] for case in SAMPLED} == set(verification.pairs())
 
 
 @pytest.mark.parametrize("scheme, verifier, spec", SAMPLED, ids=["-".join(c) for c in SAMPLED])
@@ -76,6 +79,21 @@ def test_sampling_with_lookup_drafts_follows_the_target_exactly(tiny, scheme, ve
     base = tree.compile_tree(TREES[spec]) if spec in TREES else dynamic.load(spec)
     decoder = engine.Decoder(target, draft_head, lookup.LookupTree(base, 3), scheme, verifier)
     assert chi_square_p_value(empirical_first_three(decoder, 1.0), exact_first_three(target, 1.0)) > P_VALUE
+
+
+@pytest.mark.parametrize("drafter, verifier", verification.pairs())
+def test_lookup_trees_decode_seed_for_seed_with_graphs_emulated(tiny, drafter, verifier):
+    # A lookup tree keeps the host walk with graphs on, its target and head calls captured: the same tokens as
+    # without graphs, so the joint-distribution tests above certify it for every pair.
+    target, draft_head = tiny
+    base = tree.compile_tree(TREES["binary2" if drafter == "spechub" else "wide"])
+    eager = engine.Decoder(target, draft_head, lookup.LookupTree(base, 3), drafter, verifier)
+    emulated = engine.Decoder(target, draft_head, lookup.LookupTree(base, 3), drafter, verifier,
+                              cuda_graphs="emulate")
+    for seed in range(3):
+        assert emulated.generate(PROMPT, 8, 1.0, seed=seed).token_ids == eager.generate(PROMPT, 8, 1.0,
+                                                                                      seed=seed).token_ids
+    assert emulated.graphs.entries and not emulated.device_cycles
 
 
 def test_sampled_copy_cycles_follow_the_target_exactly(tiny, monkeypatch):
