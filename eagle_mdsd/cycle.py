@@ -30,7 +30,7 @@ import torch
 
 from . import drafting, dynamic
 from .graphs import Emulated, Graphs
-from .tree import Tree, layout
+from .tree import Tree, additive_mask, layout
 
 
 def supports(topology, scheme_name: str, temperature: float) -> bool:
@@ -45,12 +45,10 @@ def supports(topology, scheme_name: str, temperature: float) -> bool:
 class SampledPlan:
     """How a static tree's nodes get their output tokens at T > 0: per child count, the internal nodes with that
     many children, the row of each one's q among the stacked q of the tree's internal nodes (level by level) and
-    its children; the leaves; each node's children padded [N+1, W] and which of them are real."""
+    its children; the leaves."""
 
     groups: tuple  # (nodes [R], q rows [R], children [R, count]) per child count
     leaves: torch.Tensor
-    children: torch.Tensor
-    real: torch.Tensor
 
     @staticmethod
     def of(tree: Tree, device) -> "SampledPlan":
@@ -61,12 +59,8 @@ class SampledPlan:
             nodes = [node for node in internal if len(tree.children[node]) == count]
             groups.append((torch.tensor(nodes, device=device), torch.tensor([row[n] for n in nodes], device=device),
                            torch.tensor([tree.children[n] for n in nodes], device=device)))
-        width = max(len(kids) for kids in tree.children)
-        padded = [list(kids) + [0] * (width - len(kids)) for kids in tree.children]
-        real = [[True] * len(kids) + [False] * (width - len(kids)) for kids in tree.children]
         return SampledPlan(tuple(groups), torch.tensor([n for n, kids in enumerate(tree.children) if not kids],
-                                                       device=device),
-                           torch.tensor(padded, device=device), torch.tensor(real, device=device))
+                                                       device=device))
 
 
 def sampled_outputs(plan: SampledPlan, p, q_internal, tokens, verifier, full_q, generator) -> torch.Tensor:
@@ -93,8 +87,10 @@ def grown_outputs(p, q_nodes, drafts, expanded, verifier, generator) -> torch.Te
     return torch.where(expanded, drawn, drafting.draw(p, 1, generator)[:, 0])
 
 
-def grown_walk(parent, outputs, tokens, levels: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """sampled_walk over a tree given by its parents: into the lowest-numbered child holding the output."""
+def sampled_walk(parent, outputs, tokens, levels: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(path [levels + 1], accepted [1]) over a tree given by its parents [N+1]: from the root into the
+    lowest-numbered child holding the node's output (siblings are numbered in draft order), while one does; the
+    path is padded with its last node, as tree.Layout's paths are."""
     nodes = torch.arange(len(parent), device=parent.device)
     node = nodes[:1]
     accepted, going, path = torch.zeros_like(node), torch.ones(1, dtype=torch.bool, device=tokens.device), [node]
@@ -102,21 +98,6 @@ def grown_walk(parent, outputs, tokens, levels: int) -> tuple[torch.Tensor, torc
         hit = (parent == node) & (nodes > 0) & (tokens == outputs.index_select(0, node))
         found = hit.any().reshape(1) & going
         node = torch.where(found, hit.to(torch.int8).argmax().reshape(1), node)
-        accepted, going = accepted + found.long(), found
-        path.append(node)
-    return torch.cat(path), accepted
-
-
-def sampled_walk(plan: SampledPlan, outputs, tokens, levels: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(path [levels + 1], accepted [1]): from the root into the first child holding the node's output, while one
-    does; the path is padded with its last node, as tree.Layout's paths are."""
-    node = torch.zeros(1, dtype=torch.long, device=tokens.device)
-    accepted, going, path = torch.zeros_like(node), torch.ones(1, dtype=torch.bool, device=tokens.device), [node]
-    for _ in range(levels):
-        kids = plan.children.index_select(0, node)[0]
-        hit = (tokens.index_select(0, kids) == outputs.index_select(0, node)) & plan.real.index_select(0, node)[0]
-        found = hit.any(-1, keepdim=True) & going
-        node = torch.where(found, kids.index_select(0, hit.to(torch.int8).argmax().reshape(1)), node)
         accepted, going = accepted + found.long(), found
         path.append(node)
     return torch.cat(path), accepted
@@ -212,7 +193,6 @@ class DeviceCycle:
         self.result = torch.zeros(2 * self.levels + 3, dtype=torch.long, device=device)
         self.target_columns = torch.arange(target_cache.capacity, device=device)
         self.rows = torch.arange(max(self.nodes, self.pairs) + 1, device=device)
-        self.minimum = torch.finfo(self.dtype).min
         if method == "eagle":
             self.head_columns = torch.arange(head_cache.capacity, device=device)
             if self.grown:
@@ -281,11 +261,7 @@ class DeviceCycle:
         width = seen.shape[1]
         inside = (relative >= 0) & (relative < width)
         marked = seen.gather(1, relative.clamp(0, width - 1).expand(seen.shape[0], -1))
-        return self._additive((relative < 0) | (inside & marked))
-
-    def _additive(self, visible: torch.Tensor) -> torch.Tensor:
-        """bool [rows, columns] -> the additive mask a model call takes: 0 where visible."""
-        return torch.zeros(visible.shape, dtype=self.dtype, device=self.device).masked_fill_(~visible, self.minimum)
+        return additive_mask((relative < 0) | (inside & marked), self.dtype)
 
     # -- the two phases ------------------------------------------------------------------------
 
@@ -297,7 +273,7 @@ class DeviceCycle:
         # pending pair j at head slot length - count + j, position one further; padded rows write garbage past
         # the committed entries that the tree's entries then overwrite, and no real row sees them
         slots = state.length - state.count + rows
-        mask = self._additive(self.head_columns[None] <= slots[:, None])
+        mask = additive_mask(self.head_columns[None] <= slots[:, None], self.dtype)
         outputs = model._forward(cache, state.features, state.tokens, slots + 1, mask, slots)
         root_prediction = outputs.index_select(0, state.count - 1)
         tokens = self.tree_buffers.tokens
@@ -334,7 +310,7 @@ class DeviceCycle:
                 top = self._logits(outputs).topk(level["width"], -1).indices
                 tokens.index_copy_(0, level["children"], self._ids(top.reshape(-1).index_select(0, level["picks"])))
                 continue
-            q = torch.softmax(self._logits(outputs).float() / self.temperature, -1)
+            q = model.distribution(outputs, self.temperature)[0]
             self.q_internal[first : first + len(q)] = q
             first += len(q)
             for count, rows, children in drafted.groups:
@@ -390,8 +366,7 @@ class DeviceCycle:
         """Drafts [F, k] (vocabulary ids) and their log q of the head's outputs [F, H]; at T > 0 their q and
         drafts are kept from expanded row `row` on."""
         model = self.decoder.draft_model
-        scale = self.temperature if self.temperature > 0 else 1.0
-        q = torch.softmax(self._logits(outputs.reshape(-1, outputs.shape[-1])).float() / scale, -1)
+        q = model.distribution(outputs.reshape(-1, outputs.shape[-1]), self.temperature)[0]
         drafts, logs = dynamic.draw_children(q, self.spec.top_k, self.decoder.scheme, self.generator, model.ids)
         if row is not None:
             self.expanded_q[row : row + len(q)] = q
@@ -464,11 +439,10 @@ class DeviceCycle:
             q = model.vocabulary_q(self.expanded_q.index_select(0, rows), model.ids)
             outputs = grown_outputs(p, q, self.expanded_drafts.index_select(0, rows), self.node_row >= 0,
                                     decoder.verifier, self.generator)
-            path, accepted = grown_walk(self.tree_buffers.parent, outputs, tokens, self.levels)
         else:
             outputs = sampled_outputs(self.plan, p, self.q_internal, tokens, decoder.verifier,
                                       lambda q: model.vocabulary_q(q, model.ids), self.generator)
-            path, accepted = sampled_walk(self.plan, outputs, tokens, self.levels)
+        path, accepted = sampled_walk(self.tree_buffers.parent, outputs, tokens, self.levels)
         return path, accepted, outputs.index_select(0, path[-1:])
 
     # -- the host side -------------------------------------------------------------------------

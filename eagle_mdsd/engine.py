@@ -452,7 +452,7 @@ class Decoder:
         plan, q_internal, ids = draft.sampled
         outputs = cycle.sampled_outputs(plan, warp(logits, call.temperature), q_internal, draft.tokens, self.verifier,
                                         lambda q: self.draft_model.vocabulary_q(q, ids), call.generator)
-        path, accepted = cycle.sampled_walk(plan, outputs, draft.tokens, draft.tree.max_depth)
+        path, accepted = cycle.sampled_walk(draft.layout.parent, outputs, draft.tokens, draft.tree.max_depth)
         return self._take_path(call, draft, path, accepted, outputs.index_select(0, path[-1:]))
 
     def _take_path(self, call: Call, draft, path, head, bonus) -> tuple[torch.Tensor, list[int]]:

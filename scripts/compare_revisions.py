@@ -96,8 +96,8 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--name")
     args = parser.parse_args()
-    if args.questions < 1 or args.max_new_tokens < 1:
-        parser.error("--questions and --max-new-tokens must be at least 1")
+    if args.questions < 1 or args.max_new_tokens < 1 or args.first_cycles < 0:
+        parser.error("--questions and --max-new-tokens must be at least 1, --first-cycles at least 0")
     known = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{args.revision}^{{commit}}"], cwd=ROOT,
                            capture_output=True)
     if known.returncode != 0:
