@@ -2,27 +2,26 @@
 
 A `KVCache` holds every layer's keys and values in a single tensor
 [layers, 2, batch, kv heads, capacity, head dim]; each layer is a transformers cache layer whose
-keys and values are views of it.  A forward writes its k new entries at `length .. length + k` in
-every layer and the last layer's write moves the length past them.  After a tree is verified the
-decoder moves the accepted entries next to the root with `gather` (one index_select and one copy over
-all layers at once, instead of two per layer) and drops the rest with `truncate`.
-
-A static cache (for CUDA graphs, graphs.py) keeps every call's shapes fixed: a forward's entries are
-written at `slots`, a device tensor, and attention runs over the whole capacity with a mask that hides
-what is not committed (`mask`); its length is the decoder's bookkeeping alone.
+keys and values are views of it.  A forward writes its k new entries at `slots` (a device tensor) in
+every layer and attends over the first `span` entries, with a mask as wide as the span that hides what
+is not committed.  Both are set by the caller before the forward: eagerly the span is exact (the
+committed length plus the forward's rows), so attention costs what a growing cache's does; under CUDA
+graphs it is a bucket that the graph's key names, so one graph serves every length inside it.
+`length` is the caller's bookkeeping of the committed entries (transformers reads it as the number of
+entries seen, which sizes its own causal mask where the caller passes none: the prefill).  A forward whose
+slots nobody set appends after `length` and moves it on (a model called directly, as tests and the lab do).
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from transformers.cache_utils import Cache, DynamicLayer
 
 from .errors import UsageError
 
 
 class SharedLayer(DynamicLayer):
-    """One layer of a KVCache: writes its new entries at the cache's length and attends to all before them."""
+    """One layer of a KVCache: writes its new entries at the cache's slots and attends to its span."""
 
     def __init__(self, owner: "KVCache", index: int):
         super().__init__()
@@ -35,25 +34,18 @@ class SharedLayer(DynamicLayer):
         self.is_initialized = True
 
     def update(self, key_states, value_states, *args, **kwargs):
-        # One index_copy_ a tensor at slots made once a forward (by the first layer), and a narrow() view: fewer
-        # launches a layer than writing through slices.
+        # One index_copy_ a tensor at slots made once a forward, and a narrow() view: few launches a layer.
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         owner = self.owner
-        if not owner.static and self.index == 0:
-            end = owner.length + key_states.shape[-2]
-            if end > owner.capacity:
-                raise RuntimeError(f"KV cache capacity {owner.capacity} exceeded")
-            owner.slots = torch.arange(owner.length, end, device=key_states.device)
+        if owner.slots is None and self.index == 0:  # a forward nobody placed appends (direct model calls)
+            owner.appending = key_states.shape[-2]
+            owner.append(owner.appending, key_states.device)
         self.key_buffer.index_copy_(2, owner.slots, key_states)
         self.value_buffer.index_copy_(2, owner.slots, value_states)
-        if owner.static:
-            self.keys, self.values = self.key_buffer, self.value_buffer
-            return self.keys, self.values
-        end = owner.length + key_states.shape[-2]
-        self.keys, self.values = self.key_buffer.narrow(2, 0, end), self.value_buffer.narrow(2, 0, end)
-        if self.index == len(self.owner.layers) - 1:
-            self.owner.length = end
+        self.keys, self.values = self.key_buffer.narrow(2, 0, owner.span), self.value_buffer.narrow(2, 0, owner.span)
+        if owner.appending and self.index == len(owner.layers) - 1:
+            owner.slots, owner.length, owner.appending = None, owner.length + owner.appending, 0
         return self.keys, self.values
 
     def get_seq_length(self) -> int:
@@ -66,9 +58,10 @@ class SharedLayer(DynamicLayer):
 class KVCache(Cache):
     """All layers' keys and values in one preallocated buffer (allocated on the first write)."""
 
-    def __init__(self, layers: int, capacity: int, static: bool = False):
+    def __init__(self, layers: int, capacity: int):
         self.capacity, self.length, self.buffer = capacity, 0, None
-        self.static, self.slots = static, None  # where a forward writes: set by the decoder when static, else by layer 0
+        # where the next forward writes and how many entries it reads; None: it appends after `length`
+        self.slots, self.span, self.appending = None, 0, 0
         super().__init__(layers=[SharedLayer(self, i) for i in range(layers)])
 
     def allocate(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -79,25 +72,12 @@ class KVCache(Cache):
             batch, heads, _, head_dim = key_states.shape
             self.buffer = key_states.new_zeros(len(self.layers), 2, batch, heads, self.capacity, head_dim)
 
-    def mask(self, block: torch.Tensor, prefix: int) -> torch.Tensor:
-        """The additive mask of a forward whose rows see the first `prefix` entries and, after them, what
-        `block` [rows, width] says: as wide as the entries so far, or the whole capacity when static."""
-        if not self.static:
-            return F.pad(block, (prefix, 0))
-        mask = block.new_full((block.shape[0], self.capacity), torch.finfo(block.dtype).min)
-        mask[:, :prefix] = 0
-        mask[:, prefix : prefix + block.shape[1]] = block
-        return mask
-
-    def next_slots(self, count: int, device) -> torch.Tensor:
-        """Where a forward of `count` rows writes: the positions after the length."""
-        return torch.arange(self.length, self.length + count, device=device)
-
-    def gather(self, start: int, slots: torch.Tensor) -> None:
-        """Copy the entries at `slots` (a device tensor) to start, start + 1, ...; the length is left to
-        `truncate`, so slots past the accepted ones (padding) may be anything inside the buffer."""
-        if self.buffer is not None and len(slots):
-            self.buffer[..., start : start + len(slots), :] = self.buffer.index_select(-2, slots)
+    def append(self, count: int, device) -> None:
+        """The next forward writes `count` entries after the committed ones and reads all of them (eager)."""
+        if self.length + count > self.capacity:
+            raise RuntimeError(f"KV cache capacity {self.capacity} exceeded")
+        self.slots = torch.arange(self.length, self.length + count, device=device)
+        self.span = self.length + count
 
     def truncate(self, length: int) -> None:
         """Keep the first `length` entries."""

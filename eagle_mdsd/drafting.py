@@ -21,7 +21,7 @@ import torch
 from .errors import UsageError
 
 __all__ = [
-    "DraftScheme", "SCHEMES", "get", "names", "exclude", "top_tokens", "draw",
+    "DraftScheme", "SCHEMES", "get", "names", "exclude", "top_tokens", "draw", "pick",
 ]
 
 
@@ -34,10 +34,11 @@ def exclude(q: torch.Tensor, drawn: torch.Tensor) -> torch.Tensor:
     return _normalise_or_fill(q.masked_fill(drawn, 0.0), lambda: drawn)
 
 
-def without_token(p: torch.Tensor, token: int) -> torch.Tensor:
-    """p [V] without one token, renormalised: what a node's drafts are verified against once a one-point draft of
-    that token (prompt lookup's) is rejected."""
-    return exclude(p, torch.arange(p.shape[-1], device=p.device) == token)
+def without_token(p: torch.Tensor, token) -> torch.Tensor:
+    """p [..., V] without one token a row (an int, or a tensor of the batch shape; -1: none), renormalised: what a
+    node's drafts are verified against once a one-point draft of that token (prompt lookup's) is rejected."""
+    vocabulary = torch.arange(p.shape[-1], device=p.device)
+    return exclude(p, vocabulary == torch.as_tensor(token, device=p.device)[..., None])
 
 
 def _normalise_or_fill(rest: torch.Tensor, drawn) -> torch.Tensor:
@@ -93,22 +94,26 @@ _BLOCK = 1024
 
 
 def draw(dist: torch.Tensor, count: int = 1, generator: torch.Generator | None = None) -> torch.Tensor:
-    """`count` i.i.d. tokens per row of dist [..., V] (need not be normalised): [..., count].
+    """`count` i.i.d. tokens per row of dist [..., V] (need not be normalised): [..., count]."""
+    uniform = torch.rand(dist.shape[:-1] + (count,), generator=generator, dtype=torch.float64, device=dist.device)
+    return pick(dist, uniform)
 
-    Inverse CDF with one uniform per token, in float64 and in two levels:
-    pick a block of 1024 tokens by its mass, then a token inside it.  On a
-    CPU this is an order of magnitude cheaper than torch.multinomial (which
-    spends its time generating randomness over the whole row) and than a
-    float64 cumulative sum over the whole vocabulary.
+
+def pick(dist: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """The tokens [..., count] at the given float64 uniforms [..., count] of dist [..., V]'s inverse CDF.
+
+    In two levels: pick a block of 1024 tokens by its mass, then a token inside it.  On a CPU this is an order
+    of magnitude cheaper than torch.multinomial (which spends its time generating randomness over the whole
+    row) and than a float64 cumulative sum over the whole vocabulary.
     """
     vocab = dist.shape[-1]
     if vocab <= 16 * _BLOCK:
-        return _draw_flat(dist, count, generator)
+        cdf = dist.to(torch.float64).cumsum(-1)
+        return torch.searchsorted(cdf, uniform * cdf[..., -1:], right=True).clamp_max(vocab - 1)
     blocks = -(-vocab // _BLOCK)
     padded = torch.nn.functional.pad(dist, (0, blocks * _BLOCK - vocab)).unflatten(-1, (blocks, _BLOCK))
     block_cdf = padded.sum(-1, dtype=torch.float64).cumsum(-1)
-    target = torch.rand(dist.shape[:-1] + (count,), generator=generator, dtype=torch.float64,
-                        device=dist.device) * block_cdf[..., -1:]
+    target = uniform * block_cdf[..., -1:]
     block = torch.searchsorted(block_cdf, target, right=True).clamp_max(blocks - 1)
     before = torch.where(block > 0, block_cdf.gather(-1, (block - 1).clamp_min(0)), 0.0)
     inside = padded.gather(-2, block.unsqueeze(-1).expand(block.shape + (_BLOCK,))).to(torch.float64)
@@ -119,13 +124,6 @@ def draw(dist: torch.Tensor, count: int = 1, generator: torch.Generator | None =
     last_positive = _BLOCK - 1 - (inside.flip(-1) > 0).to(torch.int8).argmax(-1)
     position = torch.minimum(position, last_positive)
     return block * _BLOCK + position
-
-
-def _draw_flat(dist: torch.Tensor, count: int, generator: torch.Generator | None) -> torch.Tensor:
-    cdf = dist.to(torch.float64).cumsum(-1)
-    target = torch.rand(dist.shape[:-1] + (count,), generator=generator, dtype=torch.float64,
-                        device=dist.device) * cdf[..., -1:]
-    return torch.searchsorted(cdf, target, right=True).clamp_max(dist.shape[-1] - 1)
 
 
 def _sample(dist: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:

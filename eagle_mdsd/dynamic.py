@@ -23,8 +23,8 @@ and scores log of that mass, whatever token it drew.
 
 Why verification stays exact with sampled children: the verifier at an
 expanded node sees the node's whole draft tuple (as drawn, pruned children
-included, and also where none was kept: `verified`), so its output token is
-distributed as p there whatever the selection kept; a kept child only lets
+included, and also where none was kept: `Grown.drafts` at its row), so its
+output token is distributed as p there whatever the selection kept; a kept child only lets
 the walk go on when the output equals it.  What must
 not happen is that reaching a node depends on the node's own draws.  Scores
 never grow along a path and ties go to the shallower candidate, so no
@@ -167,85 +167,84 @@ def draw_children(q: torch.Tensor, k: int, scheme, generator=None, ids=None) -> 
     return drafts, probs.clamp_min(1e-30).log().masked_fill(repeated, -math.inf)
 
 
-class Candidates:
-    """The grown candidate tree: parallel lists, index 0 the root."""
-
-    def __init__(self, root: int):
-        self.token, self.parent, self.depth, self.score = [root], [-1], [0], [0.0]
-        self.path: list[tuple[int, ...]] = [()]
-
-    def add(self, parent: int, tokens: list[int], scores: list[float]) -> list[int]:
-        """Children of `parent` in draft order; repeated drafts (score -inf) are left out."""
-        first = len(self.token)
-        for token, score in zip(tokens, scores):
-            if score == -math.inf:
-                continue
-            self.path.append(self.path[parent] + (len(self.token) - first,))
-            self.token.append(token)
-            self.parent.append(parent)
-            self.depth.append(self.depth[parent] + 1)
-            self.score.append(self.score[parent] + score)
-        return list(range(first, len(self.token)))
-
-    def best(self, among: list[int], count: int) -> list[int]:
-        """The `count` highest-scoring of `among`; ties: shallower, then earlier."""
-        return sorted(among, key=lambda c: (-self.score[c], self.depth[c], c))[:count]
-
-    def is_ancestor(self, ancestor: int, node: int) -> bool:
-        """Ancestor or self: a path of sibling ranks names one candidate."""
-        path = self.path[ancestor]
-        return self.path[node][: len(path)] == path
+def candidates(spec: DynamicTree) -> int:
+    """Candidates a growth makes: top_k children of the root, then top_k of each of top_k nodes a depth."""
+    return spec.top_k + (spec.max_depth - 1) * spec.top_k ** 2
 
 
-def select(candidates: Candidates, nodes: int) -> tuple[static_trees.Tree, list[int]]:
-    """The tree of the best `nodes` candidates, and the candidate behind each tree node (root first).
+@dataclass(frozen=True)
+class Grown:
+    """A growth's candidates in fixed-size buffers, numbered depth by depth (a parent before its children), and
+    what the verifier reads at each expanded candidate at T > 0."""
 
-    The kept children of a node need not be its first drafts (a sampled child can outscore a top
-    one), so siblings are renumbered 0, 1, ... in draft order.
-    """
-    chosen = sorted(candidates.best(list(range(1, len(candidates.token))), nodes),
-                    key=lambda c: (candidates.depth[c], c))  # parents first, siblings in draft order
-    path, kids = {0: ()}, {}
-    for c in chosen:
-        parent = candidates.parent[c]
-        path[c] = path[parent] + (kids.get(parent, 0),)
-        kids[parent] = kids.get(parent, 0) + 1
-    tree = static_trees.compile_tree([list(path[c]) for c in chosen], "dynamic")
-    by_path = {path[c]: c for c in chosen}
-    return tree, [0] + [by_path[p] for p in tree.paths]
+    token: torch.Tensor   # [C] vocabulary ids
+    parent: torch.Tensor  # [C] the parent candidate, -1 the root
+    depth: torch.Tensor   # [C]
+    score: torch.Tensor   # [C] float32 sum of log q along the path; -inf: never kept (a repeated draft, or grown
+                          # after OPT-Tree's stop)
+    row: torch.Tensor     # [C] the candidate's expanded row, -1 where it was not expanded
+    q: torch.Tensor       # [E, D] each expanded row's q, row 0 the root's
+    drafts: torch.Tensor  # [E, k] each expanded row's whole draft tuple, as drawn
 
 
-def verified(chosen: list[int], drafted: dict) -> dict:
-    """Tree node -> its candidate, for the nodes the verifier checks against their whole draft tuple: every
-    expanded one, whether or not the selection kept any of its children.  Whether it keeps them depends on the
-    node's own draws, so a draw of p at the nodes left childless would mix two rules, and that mixture is not p;
-    the nodes never expanded draw p."""
-    return {node: c for node, c in enumerate(chosen) if c in drafted}
+def grow(spec: DynamicTree, q_root: torch.Tensor, ids, expand, scheme="topk", generator=None,
+         eager: bool = False) -> Grown:
+    """Grow the candidates by tensor ops of fixed shapes.  Each depth expands the best top_k candidates of the
+    last (ties: the lower number, so a parent ranks before its children) into top_k children drawn by the scheme.
+    OPT-Tree stops once a depth's best candidates carry less expected length than the threshold: the depths after
+    the stop score -inf (under graphs they are grown all the same; `eager` skips them, one host check a depth).
+
+    q_root: [1, D] the root's q over the columns `ids` (None: the whole vocabulary); expand(depth, tokens [k],
+    parents [k] or None) -> q [k, D] of the frontier's children, where parents are the rows of the last frontier
+    each frontier candidate descends from (None at depth 1: the root's children)."""
+    k, device = spec.top_k, q_root.device
+    count, rows = candidates(spec), 1 + (spec.max_depth - 1) * k
+    long = dict(dtype=torch.long, device=device)
+    token, parent = torch.zeros(count, **long), torch.full((count,), -1, **long)
+    depth, row = torch.ones(count, **long), torch.full((count,), -1, **long)
+    score = torch.full((count,), -math.inf, device=device)
+    q_rows, draft_rows = torch.zeros(rows, q_root.shape[-1], device=device), torch.zeros(rows, k, **long)
+    drafts, logs = draw_children(q_root, k, scheme, generator, ids)
+    token[:k], score[:k] = drafts[0], logs[0]
+    q_rows[:1], draft_rows[:1] = q_root, drafts
+    frontier, parents = torch.sort(score[:k], descending=True, stable=True).indices, None
+    going, stops = torch.ones((), dtype=torch.bool, device=device), spec.name == "opt_tree"
+    own = torch.arange(k, device=device)
+    for level in range(1, spec.max_depth):
+        if stops:
+            going = going & (score.index_select(0, frontier).exp().sum() >= spec.threshold)
+            if eager and not bool(going):
+                break  # every later candidate keeps its -inf: the tree growing on would give
+        q = expand(level, token.index_select(0, frontier), parents)
+        drafts, logs = draw_children(q, k, scheme, generator, ids)
+        first, start = 1 + (level - 1) * k, k + (level - 1) * k * k
+        q_rows[first : first + k], draft_rows[first : first + k] = q, drafts
+        scores = score.index_select(0, frontier)[:, None] + logs
+        expanded = first + own
+        if stops:
+            scores, expanded = scores.masked_fill(~going, -math.inf), torch.where(going, expanded, -1)
+        row.index_copy_(0, frontier, expanded)
+        block = slice(start, start + k * k)
+        token[block], score[block] = drafts.reshape(-1), scores.reshape(-1)
+        parent[block], depth[block] = frontier.repeat_interleave(k), level + 1
+        best = torch.sort(score[block], descending=True, stable=True).indices[:k]
+        frontier, parents = start + best, best // k
+    return Grown(token, parent, depth, score, row, q_rows, draft_rows)
 
 
-def grow(spec: DynamicTree, root: int, root_q: tuple, expand, scheme="topk", generator=None):
-    """Grow the candidates; expand(frontier, candidates) -> (q [F, D], ids): the draft distributions of
-    the frontier's children over the tokens `ids` [D] (None: the whole vocabulary); root_q: the
-    root's (q [D], ids).
-
-    Returns the candidates, (q, ids) of every expanded candidate and its full draft tuple (for the
-    verifier).
-    """
-    candidates = Candidates(root)
-    expanded, drafted = {0: root_q}, {}
-    frontier, (q, ids) = [0], (root_q[0][None], root_q[1])
-    for depth in range(spec.max_depth):
-        if depth > 0:
-            q, ids = expand(frontier, candidates)
-            expanded.update((node, (row, ids)) for node, row in zip(frontier, q))
-        drafts, scores = draw_children(q, spec.top_k, scheme, generator, ids)
-        children = []
-        tokens, logs = drafts.tolist(), scores.tolist()  # two transfers a level, whatever its width
-        for row, parent in enumerate(frontier):
-            drafted[parent] = drafts[row]
-            children += candidates.add(parent, tokens[row], logs[row])
-        frontier = candidates.best(children, spec.top_k)
-        gain = sum(math.exp(candidates.score[c]) for c in frontier)  # expected length they would add
-        if spec.name == "opt_tree" and gain < spec.threshold:
-            break
-    return candidates, expanded, drafted
+def select(grown: Grown, nodes: int) -> tuple[torch.Tensor, ...]:
+    """The best `nodes` candidates as a tree, nodes in candidate order (parents first, siblings in draft order)
+    after the root 0: (the candidates [nodes], their tokens [nodes], parent [nodes + 1], depth [nodes + 1], valid
+    [nodes + 1], expanded row [nodes + 1], the root's 0).  A node scored -inf is chosen only where too few others exist; it is not valid,
+    so no walk enters it.  Whether a node is kept never depends on its own draws: scores never grow along a
+    path, and every candidate ranking above it was grown whatever it drew."""
+    count = len(grown.token)
+    chosen = torch.sort(torch.sort(grown.score, descending=True, stable=True).indices[:nodes]).values
+    rows = torch.arange(nodes + 1, device=chosen.device)
+    node_of = torch.zeros(count + 1, dtype=torch.long, device=chosen.device)
+    node_of[chosen + 1] = rows[1:]
+    parent = torch.cat([rows[:1], node_of.index_select(0, grown.parent.index_select(0, chosen) + 1)])
+    depth = torch.cat([rows[:1], grown.depth.index_select(0, chosen)])
+    valid = torch.cat([rows[:1] == 0, grown.score.index_select(0, chosen) > -math.inf])
+    expanded = torch.cat([rows[:1], grown.row.index_select(0, chosen)])
+    return chosen, grown.token.index_select(0, chosen), parent, depth, valid, expanded

@@ -26,11 +26,11 @@ deeper one, less often: on 16 MT-Bench questions at T = 1 it gave tau 1.71
 against 1.77 on chain2+lookup4 and 1.81 against 1.85 on chain3+lookup4
 (evaluation/results/lookup_t1_verifier_first_2026-11-25_bfloat16.md).
 
-While the answer copies a span (a cycle accepted COPY_MIN or more lookup
-drafts), the next cycle is a copy cycle: the target checks the lookup chain
-alone and the head does not run - its pairs wait and the head catches up on
-them at the next full cycle.  That makes a copying cycle as cheap as plain
-prompt lookup's; the first cycle that accepts fewer goes back to full cycles.
+On the device (cycle.py) the context lives in a buffer, the n-gram search is a
+comparison over it, and the proposal fills node slots reserved after the
+drafted tree; the slots it does not need are marked not valid, so no walk
+enters them.  Every node's one-point draft is a token or -1, and the rule
+above is a `torch.where` over draws made up front (cycle.node_outputs).
 """
 
 from __future__ import annotations
@@ -43,7 +43,6 @@ from .errors import UsageError
 from .tree import Tree
 
 SUFFIX = "+lookup"
-COPY_MIN = 3  # a cycle that accepts this many lookup drafts makes the next one a copy cycle
 DEFAULT_TOKENS = 10
 NGRAM = 2  # transformers' max_matching_ngram_size default
 
@@ -95,56 +94,46 @@ def split(spec: str) -> tuple[str, int | None]:
     return base, tokens
 
 
-def continuation(context: list[int], tokens: int, ngram: int = NGRAM) -> list[int]:
-    """The up to `tokens` tokens after the first earlier occurrence of the context's last n-gram."""
-    for n in range(min(ngram, len(context) - 1), 0, -1):
-        suffix = context[-n:]
-        for start in range(len(context) - n):
-            if context[start : start + n] == suffix:
-                return context[start + n : start + n + tokens]
-    return []
+def propose(context: torch.Tensor, length: torch.Tensor, tokens: int, ngram: int = NGRAM) -> tuple:
+    """(proposal [tokens], count [1]): the up to `tokens` tokens after the first earlier occurrence of the last
+    n-gram of context[:length] (n from `ngram` down to 1, the longest match wins), by tensor ops over the whole
+    buffer context [C]; the proposal's first `count` tokens are real."""
+    positions = torch.arange(len(context), device=context.device)
+    start, found = torch.zeros_like(length), torch.zeros_like(length, dtype=torch.bool)
+    for n in range(1, ngram + 1):  # the longest last: it overrides
+        match = positions < length - n
+        for i in range(n):  # context[s + i] == context[length - n + i]
+            ahead = context.roll(-i) if i else context
+            match = match & (ahead == context.index_select(0, (length - n + i).clamp_min(0)))
+        hit = match.any().reshape(1)
+        start = torch.where(hit, match.to(torch.int8).argmax().reshape(1) + n, start)
+        found = found | hit
+    proposal = context.index_select(0, (start + torch.arange(tokens, device=context.device)).clamp_max(len(context) - 1))
+    return proposal, torch.where(found, (length - start).clamp(0, tokens), 0)
 
 
-def agreement(tokens: list[int], proposal: list[int]) -> int:
-    """How many leading tokens agree with the proposal."""
-    count = 0
-    for token, proposed in zip(tokens, proposal):
-        if token != proposed:
-            break
-        count += 1
-    return count
-
-
-def graft(tree: Tree, node_tokens: torch.Tensor, proposal: list[int]) -> tuple[Tree, torch.Tensor, dict[int, int]]:
-    """`tree` with `proposal` (tokens after the root) added as a trie branch (new nodes go last), its tokens,
-    and the branch as {node: its child that holds the next proposal token}."""
-    tokens = node_tokens.tolist()
-    node, rest, branch = 0, list(proposal), {}
-    while rest:
-        child = next((c for c in tree.children[node] if tokens[c] == rest[0]), None)
-        if child is None:
-            break
-        branch[node] = child
-        node, rest = child, rest[1:]
-    if not rest:
-        return tree, node_tokens, branch
-    parent, depth, paths = list(tree.parent), list(tree.depth), list(tree.paths)
-    children = [list(kids) for kids in tree.children]
-    first = len(parent)
-    for _ in rest:
-        new = len(parent)
-        paths.append((paths[node - 1] if node else ()) + (len(children[node]),))
-        parent.append(node)
-        depth.append(depth[node] + 1)
-        children[node].append(new)
-        children.append([])
-        branch[node] = new
-        node = new
-    ancestors = torch.zeros(len(parent), len(parent), dtype=torch.bool)
-    ancestors[:first, :first] = tree.ancestors.cpu()
-    for new in range(first, len(parent)):
-        ancestors[new] = ancestors[parent[new]]
-        ancestors[new, new] = True
-    grafted = Tree(tree.name, tuple(paths), tuple(parent), tuple(depth), tuple(tuple(c) for c in children),
-                   ancestors)
-    return grafted, torch.cat([node_tokens, node_tokens.new_tensor(rest)]), branch
+def graft(parent, depth, tokens, valid, proposal, count) -> tuple:
+    """A drafted tree's (parent, depth, tokens, valid) [M] with the proposal's first `count` tokens added as a
+    trie branch: it walks down the drafted children while their tokens agree with it, and the rest hangs below
+    as a chain in len(proposal) node slots after the drafted ones (those it does not fill are not valid).
+    Returns the new (parent, depth, tokens, valid) [M + len(proposal)] and each node's one-point draft: the
+    token of its child on the branch, or -1."""
+    nodes = torch.arange(len(parent), device=parent.device)
+    node, going = nodes[:1], torch.ones(1, dtype=torch.bool, device=parent.device)
+    point, steps = torch.full_like(tokens, -1), torch.zeros_like(nodes[:1])
+    for j in range(len(proposal)):
+        live = going & (j < count)
+        point = point.index_copy(0, node, torch.where(live, proposal[j : j + 1], point.index_select(0, node)))
+        hit = (parent == node) & (nodes > 0) & valid & (tokens == proposal[j])
+        going = live & hit.any()
+        node = torch.where(going, hit.to(torch.int8).argmax().reshape(1), node)
+        steps = steps + going.long()
+    slots = torch.arange(len(proposal), device=parent.device)
+    taken = steps + slots  # which proposal token each slot holds
+    last = len(proposal) - 1
+    return (torch.cat([parent, torch.where(slots == 0, node, len(parent) + slots - 1)]),
+            torch.cat([depth, depth.index_select(0, node) + 1 + slots]),
+            torch.cat([tokens, proposal.index_select(0, taken.clamp_max(last))]),
+            torch.cat([valid, taken < count]),
+            torch.cat([point, torch.where(taken + 1 < count, proposal.index_select(0, (taken + 1).clamp_max(last)),
+                                          -1)]))

@@ -28,7 +28,6 @@ from pathlib import Path
 import torch
 
 from . import engine, models, outputs, tree as trees
-from .cache import KVCache
 from .errors import UsageError
 
 OUT_DIR = Path("runs") / "sequoia"  # where trees are written by default: under runs/, as every command's output
@@ -98,21 +97,20 @@ def time_cycle_parts(decoder: engine.Decoder, prompt: list[int], sizes=(1, 2, 4,
     device = decoder.device
     call, prompt = decoder.start(prompt, max(sizes), 1.0)
     length, dtype = len(prompt), decoder.target.dtype
-    capacity = length + max(sizes) + 2  # growing caches, whatever the decoder's (the calls below set no slots)
-    call.target_cache = KVCache(decoder.target.config.num_hidden_layers, capacity)
-    call.head_cache = decoder.draft_model.new_cache(capacity)
     timings = {"target_s": {}, "head_step_s": 0.0}
     with torch.inference_mode():
+        call.target_cache.append(length, device)
         features = decoder.target_forward(call.target_cache, prompt, torch.arange(length, device=device))
+        call.target_cache.truncate(length)
         for n in sizes:
             tokens = prompt[-1:].repeat(n)
             visible = torch.zeros(n, length + n, dtype=dtype, device=device)
             samples = []
             for _ in range(repeats + 1):
                 start = time.perf_counter()
+                call.target_cache.append(n, device)
                 decoder.target_forward(call.target_cache, tokens, torch.full((n,), length, device=device), visible)
                 samples.append(time.perf_counter() - start)
-                call.target_cache.truncate(length)
             timings["target_s"][n] = sorted(samples[1:])[repeats // 2]
         inputs = features[-8:]
         visible = torch.zeros(8, 8, dtype=dtype, device=device)
@@ -120,11 +118,10 @@ def time_cycle_parts(decoder: engine.Decoder, prompt: list[int], sizes=(1, 2, 4,
         for _ in range(repeats + 1):
             start = time.perf_counter()
             outputs = decoder.draft_model.run(call.head_cache, inputs, prompt[-8:], torch.arange(8, device=device),
-                                              visible, 0)
+                                              visible)
             decoder.draft_model.distribution(outputs, 1.0)
             samples.append(time.perf_counter() - start)
             call.head_cache.truncate(0)
-        timings["head_step_s"] = sorted(samples[1:])[repeats // 2]
     return timings
 
 

@@ -12,9 +12,9 @@ unless the row says otherwise:
 - aten ops: top-level aten ops that launch a kernel (hostsync.top_level_ops), each a launch on a GPU;
 - ms: wall time per cycle.
 
-Each row is counted twice: with graphs off (growing caches, every op issued from Python, as on a CPU) and with
-graphs emulated (static caches and graphs.Emulated, which counts each captured function as one replay): the
-ops outside replays, the replays and the transfers are what a GPU host issues with CUDA graphs on.
+Each row is counted twice: with graphs off (the cycle run eagerly, every op issued from Python, as on a CPU) and
+with graphs emulated (graphs.Emulated, which counts each captured phase as one replay): the ops outside replays,
+the replays and the transfers are what a GPU host issues with CUDA graphs on.
 
 A row's figures are (a call of N tokens) - (a call of 1 token, the prefill alone), over its cycles.
 transformers `generate` (greedy, DynamicCache, the same model) is the per-step reference.
@@ -47,10 +47,14 @@ ROWS = [  # (label, method, tree, drafter, verifier, temperature)
     ("chain2", "eagle", "chain2", "topk", "topk", 0.0),
     ("eagle2", "eagle", "eagle2", "topk", "topk", 0.0),
     ("eagle2, 16 tokens", "eagle", "eagle2:total_tokens=16,depth=5,top_k=4", "topk", "topk", 0.0),
+    ("opt_tree", "eagle", "opt_tree", "topk", "topk", 0.0),
     ("eagle_default+lookup", "eagle", "eagle_default+lookup", "topk", "topk", 0.0),
+    ("chain2+lookup", "eagle", "chain2+lookup", "topk", "topk", 0.0),
     ("our plain step, T = 1", "baseline", None, "topk", "topk", 1.0),
+    ("opt_tree, T = 1, topk/topk", "eagle", "opt_tree", "topk", "topk", 1.0),
     *((f"{tree}, T = 1, {scheme}/{verifier}", "eagle", tree, scheme, verifier, 1.0)
-      for usual, two_children in (("eagle_default", "binary_depth4"), ("eagle2", "eagle2:top_k=2"))
+      for usual, two_children in (("eagle_default", "binary_depth4"), ("eagle2", "eagle2:top_k=2"),
+                                  ("eagle_default+lookup", "binary_depth4+lookup"))
       for scheme, verifier in verification.pairs()
       for tree in [two_children if scheme == "spechub" else usual]),  # SpecHub drafts two children a node
 ]
@@ -87,7 +91,7 @@ class Runner:
 
 
 def ours(target, draft_head, row, tokens: int, kernels: str, cuda_graphs: str = "off") -> Runner:
-    """cuda_graphs 'emulate': static caches and graphs.Emulated, whose replays count as one launch each."""
+    """cuda_graphs 'emulate': graphs.Emulated, whose replays count as one launch each."""
     _, method, tree_name, drafter, verifier, temperature = row
     decoder = engine.Decoder(target, draft_head if method == "eagle" else None,
                              dynamic.load(tree_name) if tree_name else None, drafter, verifier, kernels_choice=kernels,
@@ -156,9 +160,10 @@ def main() -> None:
         "cycles (plain steps for the baselines); ms the median of "
         f"{args.repeats} calls.",
         "",
-        "Graphs off: growing caches, every op issued from Python (the CPU's own loop). Graphs emulated: static "
-        "caches and `graphs.Emulated`, which runs each captured function inside one profiler range that counts as "
-        "one replay; the ops outside replays are what a GPU host issues one by one.",
+        "Graphs off: the cycle run eagerly, every op issued from Python (the CPU's own loop; at T > 0 the walk "
+        "computes the outputs of the nodes it visits, on the host). Graphs emulated: `graphs.Emulated`, which "
+        "runs each captured phase inside one profiler range that counts as one replay; the ops outside replays "
+        "are what a GPU host issues one by one.",
         "",
         "| per cycle | graphs off: transfers to the host | tensors from host data | top-level aten ops "
         "| ops / our plain step | ms | ms / our plain step | graphs emulated: ops outside graphs | replays "

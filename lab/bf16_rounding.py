@@ -109,7 +109,7 @@ def root_rows(target, prompt: list[int], topology, packed: bool) -> dict[int, tu
                 calls.clear()
                 decoder(input_ids=torch.cat([root, drafts[: rows - 1]])[None],
                         position_ids=(length + torch.tensor(topology.depth[:rows]))[None],
-                        attention_mask=None if rows == 1 else engine.additive_mask(visible, target.dtype),
+                        attention_mask=None if rows == 1 else tree.additive_mask(visible, target.dtype)[None, None],
                         use_cache=True, **{keyword: cache})
                 results[rows] = (dict(outputs), list(calls))
     finally:

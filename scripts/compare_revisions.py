@@ -5,8 +5,11 @@ answer the same MT-Bench first turns in turn (alternating which goes first), so 
 the machine's drift between runs.
 
     .venv/bin/python scripts/compare_revisions.py REV [--questions 8] [--temperatures 0 1]
-        [--tree eagle_default] [--pair topk/topk] [--method eagle|baseline] [--max-new-tokens 128]
+        [--trees eagle_default ...] [--pair topk/topk] [--method eagle|baseline] [--max-new-tokens 128]
         [--first-cycles N] [--name NAME]
+
+--pair is the drafter and verifier at T > 0 (at T = 0 every tree drafts and verifies by topk); a tree that
+refuses it (opt_tree takes deterministic children only) samples with topk/topk, as the page says.
 
 --first-cycles N also runs each question's first cycle N times a seed (a call of depth + 1 tokens) and compares
 the mean accepted length: one context, so sampled answers that diverge do not make it noisy.
@@ -51,15 +54,15 @@ def engine_at(revision: str, folder: Path):
 
 
 def same_tree(old_engine, topology):
-    """The topology as the revision's own classes (its engine tells dynamic and lookup trees by class); a static
-    tree is read through its fields alone."""
+    """The topology as the revision's own classes (its engine tells trees by class and checks its own schemes)."""
     package = old_engine.__name__.rpartition(".")[0]
     if isinstance(topology, lookup.LookupTree):
         return importlib.import_module(f"{package}.lookup").LookupTree(same_tree(old_engine, topology.base),
                                                                       topology.tokens)
     if isinstance(topology, dynamic.DynamicTree):
         return importlib.import_module(f"{package}.dynamic").DynamicTree(**dataclasses.asdict(topology))
-    return topology
+    return importlib.import_module(f"{package}.tree").compile_tree([list(path) for path in topology.paths],
+                                                                   topology.name)
 
 
 def first_cycle_rows(decoders: dict, prompts: list, tokens: int, temperature: float, seeds: int) -> list[str]:
@@ -78,16 +81,54 @@ def first_cycle_rows(decoders: dict, prompts: list, tokens: int, temperature: fl
     return rows
 
 
+def decoders_for(old_engine, target, draft_head, topology, pair: str, eos) -> dict:
+    """Both engines' decoders of one tree and pair, each on its own copy of the models."""
+    drafter, _, verifier = pair.partition("/")
+    old_target, old_head = copy.deepcopy(target), copy.deepcopy(draft_head)  # packed by that revision's kernels
+    return {"revision": old_engine.Decoder(old_target, old_head, same_tree(old_engine, topology), drafter, verifier,
+                                           eos_token_ids=eos, draft_vocab="auto"),
+            "working tree": engine.Decoder(copy.deepcopy(target), copy.deepcopy(draft_head), topology, drafter,
+                                           verifier, eos_token_ids=eos, draft_vocab="auto")}
+
+
+def pair_for(topology, pair: str, temperature: float) -> str:
+    """The pair a tree runs at a temperature: topk/topk at T = 0 and wherever the tree refuses `pair`."""
+    if temperature == 0:
+        return "topk/topk"
+    try:
+        topology.check_scheme(drafting.get(pair.partition("/")[0]))
+    except ValueError:
+        return "topk/topk"
+    return pair
+
+
+def timed_rows(decoders: dict, prompts: list, label: str, temperature: float, args) -> list[str]:
+    """Both engines on every prompt in turn (alternating which goes first), after one warm-up call each."""
+    totals = {name: [0, 0.0, 0] for name in decoders}  # new tokens, seconds, cycles
+    for decoder in decoders.values():
+        decoder.generate(prompts[0], 16, temperature, method=args.method)
+    for i, prompt in enumerate(prompts):
+        for name in (list(decoders) if i % 2 == 0 else list(reversed(decoders))):
+            result = decoders[name].generate(prompt, args.max_new_tokens, temperature, seed=i, method=args.method)
+            totals[name][0] += result.new_tokens
+            totals[name][1] += result.wall_time_s
+            totals[name][2] += result.cycles
+    speed = {name: tokens / seconds for name, (tokens, seconds, _) in totals.items()}
+    rows = [f"| {label} | {temperature:g} | {name} | {tokens} | {tokens / cycles:.2f} | {speed[name]:.1f} | "
+            f"{speed[name] / speed['revision']:.2f}x |" for name, (tokens, _, cycles) in totals.items()]
+    print(*rows, sep="\n", flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("revision", help="a git revision of this repository (commit, tag, branch)")
     parser.add_argument("--questions", type=int, default=8, help="MT-Bench first turns, one per 10 question ids")
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
-    parser.add_argument("--tree", default="eagle_default",
-                        help="a tree as --tree takes it: static, dynamic (eagle2, opt_tree) or TREE+lookup")
-    parser.add_argument("--pair", default="topk/topk", help="DRAFTER/VERIFIER, as the benchmark's --sampling-pair")
-    parser.add_argument("--static-shapes", action="store_true",
-                        help="the working tree on static caches, as with CUDA graphs (its greedy cycle on the device)")
+    parser.add_argument("--trees", nargs="+", default=["eagle_default"],
+                        help="trees as --tree takes them: static, dynamic (eagle2, opt_tree) or TREE+lookup")
+    parser.add_argument("--pair", default="topk/topk", help="DRAFTER/VERIFIER at T > 0, as the benchmark's "
+                        "--sampling-pair")
     parser.add_argument("--method", choices=["eagle", "baseline"], default="eagle",
                         help="baseline: the engines' plain decoding (no head, no tree)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
@@ -103,74 +144,61 @@ def main() -> None:
     if known.returncode != 0:
         parser.error(f"{args.revision!r} is not a commit of this repository: give a commit, tag or branch "
                      "(git log --oneline lists them)")
-    drafter, _, verifier = args.pair.partition("/")
     try:
-        tree = dynamic.load(args.tree)
+        trees = {spec: dynamic.load(spec) for spec in args.trees}
+        drafter, _, verifier = args.pair.partition("/")
         verification.check_pair(drafting.get(drafter), verification.get(verifier))
     except (ValueError, FileNotFoundError) as error:
         parser.error(str(error))
     dtype = models.parse_dtype(args.dtype)
     date = datetime.date.today().isoformat()
-    name = args.name or f"engine_vs_{args.revision}_{date}_{args.dtype}_{args.tree.replace('/', '_')}"
+    name = args.name or f"engine_vs_{args.revision}_{date}_{args.dtype}"
 
     target, tokenizer = models.load_target(None, dtype, "cpu")
     draft_head = head.load_head(models.DEFAULT_HEAD, target)
     eos = models.eos_token_ids(target, tokenizer)
+    chosen = questions.load("mt_bench")[:: 10][: args.questions]
+    prompts = [bench.conversation_ids(tokenizer, [q["turns"][0]], []) for q in chosen]
+    rows, firsts = [], []
     with tempfile.TemporaryDirectory() as folder:
         old_engine = engine_at(args.revision, Path(folder))
-        old_target, old_head = copy.deepcopy(target), copy.deepcopy(draft_head)  # packed by that revision's kernels
-        decoders = {args.revision: old_engine.Decoder(old_target, old_head, same_tree(old_engine, tree), drafter,
-                                                      verifier, eos_token_ids=eos, draft_vocab="auto"),
-                    "working tree": engine.Decoder(target, draft_head, tree, drafter, verifier, eos_token_ids=eos,
-                                                   draft_vocab="auto", static_shapes=args.static_shapes or None)}
-        chosen = questions.load("mt_bench")[:: 10][: args.questions]
-        prompts = [bench.conversation_ids(tokenizer, [q["turns"][0]], []) for q in chosen]
-        rows, firsts = [], []
-        for temperature in args.temperatures:
-            totals = {label: [0, 0.0, 0] for label in decoders}  # new tokens, seconds, cycles
-            for decoder in decoders.values():  # warm-up
-                decoder.generate(prompts[0], 16, temperature, method=args.method)
-            for i, prompt in enumerate(prompts):
-                order = list(decoders) if i % 2 == 0 else list(reversed(decoders))
-                for label in order:
-                    result = decoders[label].generate(prompt, args.max_new_tokens, temperature, seed=i,
-                                                      method=args.method)
-                    totals[label][0] += result.new_tokens
-                    totals[label][1] += result.wall_time_s
-                    totals[label][2] += result.cycles
-            speed = {label: t[0] / t[1] for label, t in totals.items()}
-            for label, (tokens, _, cycles) in totals.items():
-                rows.append(f"| {temperature:g} | {label} | {tokens} | {tokens / cycles:.2f} | {speed[label]:.1f} | "
-                            f"{speed[label] / speed[args.revision]:.2f}x |")
-            print(rows[-2], rows[-1], sep="\n")
-            if args.first_cycles and args.method == "eagle":
-                firsts.extend(first_cycle_rows(decoders, prompts, tree.max_depth + 1, temperature, args.first_cycles))
-                print(*firsts[-2:], sep="\n")
+        for spec, topology in trees.items():
+            for temperature in args.temperatures:
+                pair = pair_for(topology, args.pair, temperature)
+                decoders = decoders_for(old_engine, target, draft_head, topology, pair, eos)
+                label = spec if args.method == "eagle" else "plain decoding"
+                rows += timed_rows(decoders, prompts, f"{label}, {pair}" if args.method == "eagle" else label,
+                                   temperature, args)
+                if args.first_cycles and args.method == "eagle":
+                    firsts += [f"| {spec} " + row for row in first_cycle_rows(
+                        decoders, prompts, topology.max_depth + 1, temperature, args.first_cycles)]
+                    print(*firsts[-2:], sep="\n")
+                del decoders
+            if args.method != "eagle":
+                break
 
     machine = benchmarks.machine()
     text = "\n".join([
         f"# Engine at {args.revision} against the working tree, {date}", "",
         f"Machine: {machine['cpu']}, {machine['threads']} torch threads, torch {machine['torch']}, {args.dtype}. "
-        + (f"Embedded default with the shipped head, tree {args.tree}, {drafter} drafter, {verifier} verifier, draft "
-           "vocabulary auto; " if args.method == "eagle" else "Embedded default, plain decoding (method baseline); ")
+        + ("Embedded default with the shipped head, draft vocabulary auto; " if args.method == "eagle" else
+           "Embedded default, plain decoding (method baseline); ")
         + "MT-Bench first turns "
         f"{', '.join(str(q['question_id']) for q in chosen)}, at most {args.max_new_tokens} new tokens, "
-        "both engines in one process answering each question in turn (alternating which goes first).", "",
+        "both engines in one process answering each question in turn (alternating which goes first), each after "
+        "one warm-up call; at T = 0 every tree drafts and verifies by topk.", "",
         f"Command: `.venv/bin/python scripts/compare_revisions.py {args.revision} --questions {args.questions} "
-        f"--temperatures {' '.join(f'{t:g}' for t in args.temperatures)} --tree {args.tree} --pair {args.pair} "
-        f"--method {args.method}" + (" --static-shapes" if args.static_shapes else "")
+        f"--temperatures {' '.join(f'{t:g}' for t in args.temperatures)} --trees {' '.join(args.trees)} "
+        f"--pair {args.pair} --method {args.method}"
         + (f" --max-new-tokens {args.max_new_tokens}" if args.max_new_tokens != 128 else "")
         + (f" --first-cycles {args.first_cycles}" if args.first_cycles else "")
-        + (f" --name {args.name}" if args.name else "") + "`",
-        *(["", "The working tree runs on static caches (its cycle on the device, cycle.py), the revision as its "
-               "default on a CPU."] if args.static_shapes else []),
-        "",
-        "| T | engine | new tokens | tau | tokens/s | against the revision |",
-        "|---|---|---|---|---|---|", *rows, "",
+        + (f" --name {args.name}" if args.name else "") + "`", "",
+        "| tree, pair | T | engine | new tokens | tau | tokens/s | against the revision |",
+        "|---|---|---|---|---|---|---|", *rows, "",
         *([f"First cycles: each question's first cycle, {args.first_cycles} seeds a question (1000 on), both engines "
            "on each seed in turn; accepted length counts the bonus token.", "",
-           "| T | engine | first cycles | mean accepted length | standard error | against the revision |",
-           "|---|---|---|---|---|---|", *firsts, ""] if firsts else [])])
+           "| tree | T | engine | first cycles | mean accepted length | standard error | against the revision |",
+           "|---|---|---|---|---|---|---|", *firsts, ""] if firsts else [])])
     out = ROOT / "evaluation" / "results" / f"{name}.md"
     out.write_text(text)
     print(f"wrote {out.relative_to(ROOT)}")

@@ -55,14 +55,11 @@ SAMPLED = [("greedy", "greedy", "eagle2:total_tokens=5,depth=3,top_k=3"),
 assert {pair[:2] for pair in SAMPLED} == set(verification.pairs())
 
 
-@pytest.mark.parametrize("graphs", ["off", "emulate"])
 @pytest.mark.parametrize("drafter, verifier, spec", SAMPLED, ids=[f"{d}-{v}" for d, v, _ in SAMPLED])
-def test_sampled_children_follow_the_target_exactly_at_temperature_one(tiny, drafter, verifier, spec, graphs):
-    # graphs emulated: the tree grows and is verified on the device (cycle.py), every output drawn up front
+def test_sampled_children_follow_the_target_exactly_at_temperature_one(tiny, drafter, verifier, spec):
     target, draft_head = tiny
-    decoder = engine.Decoder(target, draft_head, dynamic.load(spec), drafter, verifier, cuda_graphs=graphs)
+    decoder = engine.Decoder(target, draft_head, dynamic.load(spec), drafter, verifier)
     assert chi_square_p_value(empirical_first_three(decoder, 1.0), exact_first_three(target, 1.0)) > P_VALUE
-    assert bool(decoder.device_cycles) == (graphs == "emulate")
 
 
 def test_sampled_children_are_greedy_at_temperature_zero(tiny):
@@ -114,38 +111,48 @@ def test_flags_shape_the_dynamic_tree_they_belong_to():
     assert dynamic.load("opt_tree", nodes=12, threshold=0.5) == dynamic.make("opt_tree", 12, 10, 8, 0.5)
 
 
-def _grown(seed: int, spec: dynamic.DynamicTree, vocab: int = 6):
+def _grown(seed: int, spec: dynamic.DynamicTree, vocab: int = 6, eager: bool = False):
     """Candidates grown from random q's (the expand callback stands in for the head)."""
     gen = torch.Generator().manual_seed(seed)
 
     def random_q(rows):
         return torch.softmax(3 * torch.randn(rows, vocab, generator=gen, dtype=torch.float64), -1)
 
-    return dynamic.grow(spec, 0, (random_q(1)[0], None), lambda frontier, _: (random_q(len(frontier)), None))
+    return dynamic.grow(spec, random_q(1), None, lambda depth, frontier, parents: random_q(len(frontier)),
+                        eager=eager)
 
 
 @pytest.mark.parametrize("seed", range(6))
 def test_the_chosen_tree_maximises_expected_length_among_the_candidates(seed):
     spec = dynamic.make("eagle2", 4, 3, 2)
-    candidates, expanded, _ = _grown(seed, spec)
-    tree, chosen = dynamic.select(candidates, spec.nodes)
-    probability = [math.exp(s) for s in candidates.score]
+    grown = _grown(seed, spec)
+    chosen, tokens, parent, _, valid, row = dynamic.select(grown, spec.nodes)
+    probability = [math.exp(s) for s in grown.score.tolist()]
+    owner = grown.parent.tolist()
     best = 0.0
-    for subset in itertools.combinations(range(1, len(candidates.token)), spec.nodes):
-        if all(candidates.parent[c] == 0 or candidates.parent[c] in subset for c in subset):
+    for subset in itertools.combinations(range(len(owner)), spec.nodes):
+        if all(owner[c] == -1 or owner[c] in subset for c in subset):
             best = max(best, sum(probability[c] for c in subset))
-    assert sum(probability[c] for c in chosen[1:]) == pytest.approx(best, abs=1e-12)
-    for node, kids in enumerate(tree.children):  # topk children: the parent's most probable tokens, in order
+    assert bool(valid.all()) and sum(probability[c] for c in chosen.tolist()) == pytest.approx(best, abs=1e-12)
+    tokens, parent = [0] + tokens.tolist(), parent.tolist()
+    for node in range(spec.nodes + 1):  # topk children: the parent's most probable tokens, in order
+        kids = [tokens[n] for n in range(1, len(parent)) if parent[n] == node]
         if kids:
-            q, _ = expanded[chosen[node]]
-            tokens = [candidates.token[chosen[k]] for k in kids]
-            assert tokens == torch.sort(q, descending=True, stable=True).indices[: len(kids)].tolist()
+            q = grown.q[row[node]]
+            assert kids == torch.sort(q, descending=True, stable=True).indices[: len(kids)].tolist()
 
 
 def test_opt_tree_stops_growing_below_the_threshold():
-    deep = _grown(0, dynamic.make("opt_tree", 8, 6, 2, threshold=0.0))[0]
-    shallow = _grown(0, dynamic.make("opt_tree", 8, 6, 2, threshold=0.99))[0]
-    assert max(deep.depth) == 6 and max(shallow.depth) < 6
+    def grown(threshold, eager=False):
+        return _grown(0, dynamic.make("opt_tree", 8, 6, 2, threshold=threshold), eager=eager)
+
+    def deepest(candidates):
+        return int(candidates.depth[candidates.score > -math.inf].max())
+
+    deep, shallow = grown(0.0), grown(0.99)
+    assert deepest(deep) == 6 and deepest(shallow) < 6
+    skipped = grown(0.99, eager=True)  # the depths after the stop not grown at all: the same candidates kept
+    assert torch.equal(skipped.score, shallow.score) and torch.equal(skipped.row, shallow.row)
 
 
 def _all_trees(n: int, levels: int):
@@ -242,10 +249,10 @@ class Scripted(drafting.DraftScheme):
 
 def exact_first_two_error(drafter: str, verifier: str, rule) -> float:
     """The largest error of the first two tokens' joint distribution out of an EAGLE-2 tree (3 tokens, top_k 2,
-    depth 2: one depth-1 node's children are kept or not by its own draws), by enumerating every draw in float64.
-    rule(tree, chosen, candidates, drafted) -> {node: the drafts its verifier sees}; a node's output is the
-    verifier's plan there, else p (at a node without drafts, and the next cycle's draw when the first token is
-    not a kept child)."""
+    depth 2: one depth-1 node's children are kept or not by its own draws), grown and selected by the engine's
+    dynamic.grow and dynamic.select, by enumerating every draw in float64.  rule(tokens, parent, valid, row,
+    grown) -> {node: the drafts its verifier sees}; a node's output is the verifier's plan there, else p (at a
+    node without drafts, and the next cycle's draw when the first token is not a kept child)."""
     vocab, spec = 3, dynamic.make("eagle2", 2, 2, 2)
     gen = torch.Generator().manual_seed(3)
 
@@ -262,39 +269,45 @@ def exact_first_two_error(drafter: str, verifier: str, rule) -> float:
     joint = torch.zeros(vocab, vocab, dtype=torch.float64)
     for root_tuple in tuples:
         weight = scheme.probabilities(q_root, torch.tensor(root_tuple))
-        tokens = list(dict.fromkeys(root_tuple))  # the expanded depth-1 nodes: repeated drafts are not kept
+        tokens = list(dict.fromkeys(root_tuple))  # the depth-1 candidates that can be kept: repeats score -inf
         for assigned in itertools.product(tuples, repeat=len(tokens)):
             node_weight = weight * math.prod(scheme.probabilities(q_next[x], torch.tensor(t))
                                              for x, t in zip(tokens, assigned))
             if node_weight == 0:
                 continue
             scripted = Scripted(drafter, root_tuple, [(q_next[x], t) for x, t in zip(tokens, assigned)])
-            candidates, _, drafted = dynamic.grow(spec, 0, (q_root, None), lambda frontier, c: (
-                q_next[[c.token[node] for node in frontier]], None), scripted)
-            tree, chosen = dynamic.select(candidates, spec.nodes)
-            seen = rule(tree, chosen, candidates, drafted)
+            grown = dynamic.grow(spec, q_root[None], None, lambda depth, frontier, parents: q_next[frontier], scripted)
+            _, node_tokens, parent, _, valid, row = dynamic.select(grown, spec.nodes)
+            node_tokens = [0] + node_tokens.tolist()
+            seen = rule(node_tokens, parent.tolist(), valid.tolist(), row.tolist(), grown)
             first = output(p_root, q_root, seen.get(0))
             for token in range(vocab):
-                node = next((kid for kid in tree.children[0] if candidates.token[chosen[kid]] == token), None)
+                node = next((n for n in range(1, len(parent)) if parent[n] == 0 and valid[n]
+                             and node_tokens[n] == token), None)
                 second = output(p_next[token], q_next[token], seen.get(node))
                 joint[token] += node_weight * first[token] * second
     return float((joint - p_root[:, None] * p_next).abs().max())
 
 
-def the_engines_rule(tree, chosen, candidates, drafted):
-    return {node: drafted[c] for node, c in dynamic.verified(chosen, drafted).items()}
+def the_engines_rule(tokens, parent, valid, row, grown):
+    """Every expanded node against its whole draft tuple (cycle.Cycle._verified)."""
+    return {node: grown.drafts[r] for node, r in enumerate(row) if r >= 0}
 
 
-def kept_children_only(tree, chosen, candidates, drafted):
+def kept_children_only(tokens, parent, valid, row, grown):
     """Wrong (this engine's before): verify only the nodes whose children were kept, draw p at the rest."""
-    return {node: drafts for node, drafts in the_engines_rule(tree, chosen, candidates, drafted).items()
-            if tree.children[node]}
+    kept = {parent[n] for n in range(1, len(parent)) if valid[n]}
+    return {node: drafts for node, drafts in the_engines_rule(tokens, parent, valid, row, grown).items()
+            if node in kept}
 
 
-def the_pruned_tuple(tree, chosen, candidates, drafted):
+def the_pruned_tuple(tokens, parent, valid, row, grown):
     """Wrong: verify the kept children, as if they were all that was drawn."""
-    return {node: torch.tensor([candidates.token[chosen[kid]] for kid in kids])
-            for node, kids in enumerate(tree.children) if kids}
+    kids = {}
+    for n in range(1, len(parent)):
+        if valid[n]:
+            kids.setdefault(parent[n], []).append(tokens[n])
+    return {node: torch.tensor(drafts) for node, drafts in kids.items()}
 
 
 @pytest.mark.parametrize("drafter, verifier", verification.pairs())

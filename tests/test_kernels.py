@@ -155,7 +155,7 @@ def test_gqa_attention_gives_the_stock_outputs_bit_for_bit_inside_packed_only(ro
     visible = torch.ones(prefix + rows, prefix + rows, dtype=torch.bool).tril_()
     visible[prefix:, prefix:] &= torch.rand(rows, rows) < 0.5  # a tree's rows see some of the rows before them
     visible.fill_diagonal_(True)
-    mask = engine.additive_mask(visible, torch.bfloat16)
+    mask = tree.additive_mask(visible, torch.bfloat16)[None, None]
     sdpa, calls = F.scaled_dot_product_attention, []
 
     def spy(*args, **kwargs):

@@ -21,25 +21,39 @@ def tiny():
     return target, draft_head
 
 
-def test_the_continuation_follows_the_first_earlier_match_of_the_last_two_tokens():
-    assert lookup.continuation([5, 6, 7, 8, 5, 6], 3) == [7, 8, 5]
-    assert lookup.continuation([6, 1, 5, 6, 2, 5, 6], 2) == [2, 5]           # the two-token match wins
-    assert lookup.continuation([4, 9, 1, 2, 9], 4) == [1, 2, 9]                # else the last token alone
-    assert lookup.continuation([1, 2, 3], 4) == [] and lookup.continuation([7], 4) == []
+def continuation(context: list[int], tokens: int) -> list[int]:
+    """lookup.propose on a buffer with room past the context, as a list."""
+    buffer = torch.tensor(context + [99] * 8)
+    proposal, count = lookup.propose(buffer, torch.tensor([len(context)]), tokens)
+    return proposal[: int(count)].tolist()
+
+
+def test_the_proposal_follows_the_first_earlier_match_of_the_last_two_tokens():
+    assert continuation([5, 6, 7, 8, 5, 6], 3) == [7, 8, 5]
+    assert continuation([6, 1, 5, 6, 2, 5, 6], 2) == [2, 5]           # the two-token match wins
+    assert continuation([4, 9, 1, 2, 9], 4) == [1, 2, 9]                # else the last token alone
+    assert continuation([1, 2, 3], 4) == [] and continuation([7], 4) == []
+    assert continuation([3, 3], 4) == [3]                               # a match may end at the context's end
 
 
 def test_the_graft_shares_drafted_prefixes_and_hangs_the_rest_as_a_chain():
     wide = tree.compile_tree(TREES["wide"])  # root -> 1, 2, 3; 1 -> 4, 5; 2 -> 6
-    tokens = torch.tensor([9, 10, 11, 12, 20, 21, 22])
-    grafted, new_tokens, branch = lookup.graft(wide, tokens, [10, 21, 30, 31])
-    assert new_tokens.tolist() == tokens.tolist() + [30, 31] and branch == {0: 1, 1: 5, 5: 7, 7: 8}
-    assert grafted.parent[7:] == (5, 7) and grafted.depth[7:] == (3, 4) and grafted.children[5] == (7,)
-    assert grafted.ancestors[8].nonzero().flatten().tolist() == [0, 1, 5, 7, 8]
-    assert grafted.ancestors[:7, :7].equal(wide.ancestors) and not grafted.ancestors[:7, 7:].any()
-    same, same_tokens, branch = lookup.graft(wide, tokens, [10, 21])  # all drafted already
-    assert same is wide and same_tokens is tokens and branch == {0: 1, 1: 5}
-    fresh, _, branch = lookup.graft(wide, tokens, [40])
-    assert fresh.children[0] == (1, 2, 3, 7) and fresh.paths[-1] == (3,) and branch == {0: 7}
+    parent, depth = torch.tensor([0, *wide.parent[1:]]), torch.tensor(wide.depth)
+    tokens, valid = torch.tensor([9, 10, 11, 12, 20, 21, 22]), torch.ones(7, dtype=torch.bool)
+
+    def graft(proposal, count=None):
+        proposal = torch.tensor(proposal + [0] * (4 - len(proposal)))
+        count = torch.tensor([4 if count is None else count])
+        return [x.tolist() for x in lookup.graft(parent, depth, tokens, valid, proposal, count)]
+
+    new_parent, new_depth, new_tokens, new_valid, point = graft([10, 21, 30, 31])
+    assert new_parent[7:] == [5, 7, 8, 9] and new_depth[7:] == [3, 4, 5, 6] and new_tokens[7:9] == [30, 31]
+    assert new_valid == [True] * 9 + [False] * 2  # two of the four slots hold the proposal's rest
+    assert point == [10, 21, -1, -1, -1, 30, -1, 31, -1, -1, -1]  # the branch: root -> 1 -> 5 -> slot 7 -> slot 8
+    *_, same_valid, point = graft([10, 21], count=2)  # all drafted already: no slot used
+    assert same_valid[7:] == [False] * 4 and point[:6] == [10, 21, -1, -1, -1, -1]
+    fresh_parent, _, _, fresh_valid, point = graft([40], count=1)
+    assert fresh_parent[7] == 0 and fresh_valid[7:] == [True, False, False, False] and point[0] == 40
 
 
 @pytest.mark.parametrize("spec", ["wide", "eagle2:total_tokens=7,depth=3,top_k=2"])
@@ -83,8 +97,8 @@ def test_sampling_with_lookup_drafts_follows_the_target_exactly(tiny, scheme, ve
 
 @pytest.mark.parametrize("drafter, verifier", verification.pairs())
 def test_lookup_trees_decode_seed_for_seed_with_graphs_emulated(tiny, drafter, verifier):
-    # A lookup tree keeps the host walk with graphs on, its target and head calls captured: the same tokens as
-    # without graphs, so the joint-distribution tests above certify it for every pair.
+    # Replayed (every node's output drawn, the walk by tensor ops) as eager (the walk's nodes' outputs alone):
+    # the same tokens, so the joint-distribution tests above certify the replayed cycle for every pair.
     target, draft_head = tiny
     base = tree.compile_tree(TREES["binary2" if drafter == "spechub" else "wide"])
     eager = engine.Decoder(target, draft_head, lookup.LookupTree(base, 3), drafter, verifier)
@@ -93,21 +107,11 @@ def test_lookup_trees_decode_seed_for_seed_with_graphs_emulated(tiny, drafter, v
     for seed in range(3):
         assert emulated.generate(PROMPT, 8, 1.0, seed=seed).token_ids == eager.generate(PROMPT, 8, 1.0,
                                                                                       seed=seed).token_ids
-    assert emulated.graphs.entries and not emulated.device_cycles
-
-
-def test_sampled_copy_cycles_follow_the_target_exactly(tiny, monkeypatch):
-    # every cycle after the first full one is a copy cycle (lookup drafts alone)
-    monkeypatch.setattr(lookup, "COPY_MIN", 0)
-    target, draft_head = tiny
-    decoder = engine.Decoder(target, draft_head, lookup.LookupTree(tree.compile_tree(TREES["wide"]), 3))
-    counts = empirical_first_three(decoder, 1.0)
-    assert sum(decoder.generate(PROMPT, 3, 1.0, seed=seed).copy_cycles for seed in range(20)) > 0
-    assert chi_square_p_value(counts, exact_first_three(target, 1.0)) > P_VALUE
+    assert {key[0] for key in emulated.graphs.entries} == {"draft", "verify"}
 
 
 def lookup_node_error(drafter: str, verifier: str, rest_of=drafting.without_token) -> float:
-    """The largest error of Decoder._verify_node's output distribution at a node with a lookup draft, by
+    """The largest error of the output distribution at a node with a lookup draft (cycle.node_outputs), by
     enumeration in float64 over every lookup token l and every draw of two head drafts (from q): l with
     probability p(l), else the verifier on the head drafts against rest_of(p, l)."""
     gen = torch.Generator().manual_seed(0)
@@ -136,24 +140,3 @@ def test_a_lookup_verifier_that_ignores_the_head_drafts_residual_is_caught(tiny,
     decoder = engine.Decoder(target, draft_head, lookup.LookupTree(tree.compile_tree(TREES["wide"]), 3),
                              "without_replacement", "rrs_wo")
     assert chi_square_p_value(empirical_first_three(decoder, 1.0), exact_first_three(target, 1.0)) < P_VALUE
-
-
-def test_copy_cycles_leave_the_head_to_catch_up_on_every_pair_once(tiny, monkeypatch):
-    target, draft_head = tiny
-    decoder = engine.Decoder(target, draft_head, lookup.LookupTree(tree.compile_tree(TREES["wide"]), 6))
-    catch_up_positions = []
-    real_head = decoder.draft_model.run
-
-    def recording_head(cache, features, tokens, positions, *mask, **options):
-        # catch-up calls: consecutive positions (or one); the wide tree's drafting call: two equal ones
-        if len(positions) == 1 or positions[0] != positions[-1]:
-            catch_up_positions.append(positions.tolist())
-        return real_head(cache, features, tokens, positions, *mask, **options)
-
-    monkeypatch.setattr(decoder.draft_model, "run", recording_head)
-    result = decoder.generate(PROMPT, 40, 0.0)
-    assert result.token_ids == engine.Decoder(target).generate(PROMPT, 40, method="baseline").token_ids
-    assert result.copy_cycles > 0
-    flat = [position for call in catch_up_positions for position in call]
-    # every pair (f_i, x_{i+1}) enters the head once, at position i + 1, in order, copy cycles included
-    assert flat == list(range(1, len(flat) + 1)) and len(flat) >= len(PROMPT) + 20

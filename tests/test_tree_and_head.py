@@ -81,7 +81,10 @@ def head_logits(draft_head, target):
     features = torch.randn(1, 5, target.config.hidden_size, dtype=target.dtype)
     tokens = torch.randint(target.config.vocab_size, (1, 5))
     from eagle_mdsd.cache import KVCache
-    from eagle_mdsd.engine import additive_mask
+    from eagle_mdsd.tree import additive_mask as mask_of
+
+    def additive_mask(visible, dtype):  # the [1, 1, q, kv] form a model call takes
+        return mask_of(visible, dtype)[None, None]
 
     mask = additive_mask(torch.ones(5, 5, dtype=torch.bool).tril(), target.dtype)
     with torch.no_grad():
@@ -110,7 +113,10 @@ def test_head_round_trip_in_eagle1_format(tmp_path, safetensors):
 
 def test_a_two_layer_head_round_trips_and_keeps_a_cache_per_layer(tmp_path):
     from eagle_mdsd.cache import KVCache
-    from eagle_mdsd.engine import additive_mask
+    from eagle_mdsd.tree import additive_mask as mask_of
+
+    def additive_mask(visible, dtype):  # the [1, 1, q, kv] form a model call takes
+        return mask_of(visible, dtype)[None, None]
 
     target = tiny_target(vocab=11)
     original = head.random_head(target, seed=3, layers=2)

@@ -6,7 +6,10 @@ import torch
 
 from eagle_mdsd import head, training
 from eagle_mdsd.cache import KVCache
-from eagle_mdsd.engine import additive_mask
+from eagle_mdsd.tree import additive_mask as mask_of
+
+def additive_mask(visible, dtype):  # the [1, 1, q, kv] form a model call takes
+    return mask_of(visible, dtype)[None, None]
 
 import evaluation_scripts
 from tiny import tiny_target
