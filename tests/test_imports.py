@@ -104,3 +104,12 @@ def test_each_form_of_import_is_an_edge(tmp_path, source, expected):
     (package / "a.py").write_text(source)
     (package / "b.py").write_text("thing = 1\n")
     assert import_graph(package, "toy")["toy.a"] == expected
+
+
+def test_the_benchmarks_parts_never_import_their_orchestrators():
+    """Data flows down: `run` and `sweep` call the parts of the benchmark package, and no part calls back up."""
+    graph = import_graph(Path(eagle_mdsd.__file__).parent, PACKAGE)
+    orchestrators = {f"{PACKAGE}.benchmark.run", f"{PACKAGE}.benchmark.sweep"}
+    climbs = {name: targets & orchestrators for name, targets in graph.items()
+              if name not in orchestrators and targets & orchestrators and not name.startswith(f"{PACKAGE}.cli")}
+    assert not climbs, f"imports up into the orchestrators: {climbs}"

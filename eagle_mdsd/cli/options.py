@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .. import graphs, kernels, models, validate
 from ..errors import UsageError
-from ..suite import METHODS  # the methods every subcommand offers, defined once
+from ..benchmark.plans import METHODS  # the methods every subcommand offers, defined once
 
 DTYPE_HELP = "float32, bfloat16 (default) or float16"
 
