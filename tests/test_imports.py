@@ -113,3 +113,16 @@ def test_the_benchmarks_parts_never_import_their_orchestrators():
     climbs = {name: targets & orchestrators for name, targets in graph.items()
               if name not in orchestrators and targets & orchestrators and not name.startswith(f"{PACKAGE}.cli")}
     assert not climbs, f"imports up into the orchestrators: {climbs}"
+
+
+def test_the_wheel_lists_every_package_and_ships_the_trees():
+    """pyproject.toml names the packages one by one (tree_configs/ is mapped in beside them), so a new package
+    must join the list; scripts/wheel_check.sh proves the installed wheel finds the trees."""
+    import tomllib
+
+    root = Path(eagle_mdsd.__file__).parent
+    setup = tomllib.loads((root.parent / "pyproject.toml").read_text())["tool"]["setuptools"]
+    packages = {name for name, path in modules(root, PACKAGE).items() if path.name == "__init__.py"}
+    assert set(setup["packages"]) == packages | {f"{PACKAGE}.tree_configs"}
+    assert setup["package-dir"] == {f"{PACKAGE}.tree_configs": "tree_configs"}
+    assert (root.parent / "tree_configs" / "eagle_default.json").is_file()
