@@ -493,14 +493,16 @@ def test_cli_sampling_defaults_are_the_suites():
 
 
 def test_a_killed_run_resumes_without_lost_or_duplicate_questions(tmp_path):
+    """Killed after its first answer, a run of three short answers resumes with the other two: nothing lost,
+    nothing answered twice (three questions are the fewest that leave answers on both sides of the kill)."""
     import signal
     import subprocess
     import sys
     import time
 
     answer_file = tmp_path / "answers.jsonl"
-    command = [sys.executable, "-m", "eagle_mdsd.cli", "bench", "--method", "baseline", "--question-end", "5",
-               "--max-new-tokens", "48", "--answer-file", str(answer_file)]
+    command = [sys.executable, "-m", "eagle_mdsd.cli", "bench", "--method", "baseline", "--question-end", "3",
+               "--max-new-tokens", "16", "--answer-file", str(answer_file)]
     run = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 600  # generous: on a loaded machine the first answer can take minutes
     while time.time() < deadline and run.poll() is None:
@@ -510,10 +512,10 @@ def test_a_killed_run_resumes_without_lost_or_duplicate_questions(tmp_path):
     run.send_signal(signal.SIGKILL)
     run.wait()
     interrupted = bench.read_rows(answer_file)
-    assert 1 <= len(interrupted) < 5, "the run should have been killed part-way"
+    assert 1 <= len(interrupted) < 3, "the run should have been killed part-way"
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     rows = bench.read_rows(answer_file)
-    assert [r["question_id"] for r in rows] == [81, 82, 83, 84, 85]
+    assert [r["question_id"] for r in rows] == [81, 82, 83]
     assert [r["answer_id"] for r in rows[: len(interrupted)]] == [r["answer_id"] for r in interrupted]
 
 
