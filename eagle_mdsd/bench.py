@@ -48,7 +48,7 @@ class Settings:
     profile: bool = False
     turns: int | None = None  # answer only the first turns (None: all)
     # what else made the answers, as (name, value) pairs: tree, drafter, verifier, draft vocabulary, head
-    # checksum, dtype, base model (`cli.bench.settings`; `suite` for its runs)
+    # checksum, dtype, base model (`cli.bench.settings`; `benchmark` for its runs)
     context: tuple = ()
 
     def record(self) -> dict:

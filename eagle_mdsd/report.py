@@ -255,6 +255,16 @@ def markdown(entries: list[dict], over: str | tuple = ()) -> str:
     `over` (one or several) that an entry carries, the overall table also gives every entry's tokens/s over that
     entry's ("x OVER")."""
     with_speedup = all("speedup" in e["categories"]["all"] for e in entries)
+    lines = _overall_table(entries, over, with_speedup) + spread_markdown(entries)
+    for section in (_category_table(entries, with_speedup), _depth_table(entries), _paired_table(entries),
+                    _position_table(entries), _phase_table(entries)):
+        lines += section
+    return "\n".join(lines) + "\n"
+
+
+def _overall_table(entries: list[dict], over: str | tuple, with_speedup: bool) -> list[str]:
+    """Every entry's totals, its speedup over the baseline (where every entry has one) and its tokens/s over
+    each label of `over` that an entry carries; then what the columns mean."""
     speeds = {e["label"]: e["categories"]["all"]["tokens_per_s"] for e in entries}
     peers = [label for label in ((over,) if isinstance(over, str) else over or ()) if label in speeds]
     lines = ["| method | questions | new tokens | tau | tokens/s | tokens/s, mean of questions |"
@@ -269,65 +279,93 @@ def markdown(entries: list[dict], over: str | tuple = ()) -> str:
                      + (f" {total['speedup']:.2f}x | {total['mean_question_speedup']:.2f}x |" if with_speedup
                         else "")
                      + "".join(f" {total['tokens_per_s'] / speeds[label]:.2f}x |" for label in peers))
-    lines += ["", "tokens/s: total new tokens over total time (every turn's wall time, prefill included). tokens/s, "
-              "mean of questions: the mean over questions of each question's tokens over its time, as Spec-Bench's "
-              "and EAGLE's speed.py compute it; their speedup is the ratio of those means."]
-    lines += spread_markdown(entries)
+    return lines + ["", "tokens/s: total new tokens over total time (every turn's wall time, prefill included). "
+                    "tokens/s, mean of questions: the mean over questions of each question's tokens over its time, "
+                    "as Spec-Bench's and EAGLE's speed.py compute it; their speedup is the ratio of those means."]
+
+
+def _category_table(entries: list[dict], with_speedup: bool) -> list[str]:
+    """Per category, each entry's speedup (or tokens/s) and tau; nothing where the files name no category."""
     categories = sorted({c for e in entries for c in e["categories"] if c != "all"})
-    if categories:
-        what = "speedup (tau)" if with_speedup else "tokens/s (tau)"
-        lines += ["", f"Per category, {what}:", "", "| method | " + " | ".join(categories) + " |",
-                  "|---|" + "---|" * len(categories)]
-        for entry in entries:
-            cells = []
-            for category in categories:
-                c = entry["categories"].get(category)
-                value = None if c is None else (c["speedup"] if with_speedup else c["tokens_per_s"])
-                shown = "-" if value is None or math.isnan(value) else f"{value:.2f}"  # nan: the baseline lacks them
-                cells.append("-" if c is None else f"{shown} ({c['tau']:.2f})")
-            lines.append(f"| {entry['label']} | " + " | ".join(cells) + " |")
+    if not categories:
+        return []
+    what = "speedup (tau)" if with_speedup else "tokens/s (tau)"
+    lines = ["", f"Per category, {what}:", "", "| method | " + " | ".join(categories) + " |",
+             "|---|" + "---|" * len(categories)]
+    for entry in entries:
+        cells = []
+        for category in categories:
+            c = entry["categories"].get(category)
+            value = None if c is None else (c["speedup"] if with_speedup else c["tokens_per_s"])
+            shown = "-" if value is None or math.isnan(value) else f"{value:.2f}"  # nan: the baseline lacks them
+            cells.append("-" if c is None else f"{shown} ({c['tau']:.2f})")
+        lines.append(f"| {entry['label']} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _depth_table(entries: list[dict]) -> list[str]:
+    """The acceptance by depth of the entries that drafted."""
     drafted = [e for e in entries if "acceptance_by_depth" in e["categories"]["all"]]
-    if drafted:
-        depths = min(MAX_DEPTH, max(len(e["categories"]["all"]["acceptance_by_depth"]) for e in drafted))
-        lines += ["", "Acceptance by depth (of the cycles that accepted d - 1 drafts, the share that accepted a "
-                  "d-th):", "", "| method | " + " | ".join(f"d = {d}" for d in range(1, depths + 1)) + " |",
-                  "|---|" + "---|" * depths]
-        for entry in drafted:
-            rates = entry["categories"]["all"]["acceptance_by_depth"]
-            lines.append(f"| {entry['label']} | " + " | ".join(f"{rates[d]:.3f}" if d < len(rates) else "-"
-                                                               for d in range(depths)) + " |")
+    if not drafted:
+        return []
+    depths = min(MAX_DEPTH, max(len(e["categories"]["all"]["acceptance_by_depth"]) for e in drafted))
+    lines = ["", "Acceptance by depth (of the cycles that accepted d - 1 drafts, the share that accepted a "
+             "d-th):", "", "| method | " + " | ".join(f"d = {d}" for d in range(1, depths + 1)) + " |",
+             "|---|" + "---|" * depths]
+    for entry in drafted:
+        rates = entry["categories"]["all"]["acceptance_by_depth"]
+        lines.append(f"| {entry['label']} | " + " | ".join(f"{rates[d]:.3f}" if d < len(rates) else "-"
+                                                           for d in range(depths)) + " |")
+    return lines
+
+
+def _paired_table(entries: list[dict]) -> list[str]:
+    """Tau per question against the first drafting file, for the entries paired with it."""
     paired = [e for e in entries if "paired_tau" in e]
-    if paired:
-        lines += ["", f"Tau per question against {paired[0]['paired_tau']['against']} (a question's tau: its "
-                  "tokens / its cycles, all turns; paired over the questions both answered):", "",
-                  "| method | questions | mean difference | standard error | higher | lower |",
-                  "|---|---|---|---|---|---|"]
-        for entry in paired:
-            t = entry["paired_tau"]
-            lines.append(f"| {entry['label']} | {t['questions']} | {t['mean']:+.3f} | {t['standard_error']:.3f} | "
-                         f"{t['higher']} | {t['lower']} |")
+    if not paired:
+        return []
+    lines = ["", f"Tau per question against {paired[0]['paired_tau']['against']} (a question's tau: its "
+             "tokens / its cycles, all turns; paired over the questions both answered):", "",
+             "| method | questions | mean difference | standard error | higher | lower |",
+             "|---|---|---|---|---|---|"]
+    for entry in paired:
+        t = entry["paired_tau"]
+        lines.append(f"| {entry['label']} | {t['questions']} | {t['mean']:+.3f} | {t['standard_error']:.3f} | "
+                     f"{t['higher']} | {t['lower']} |")
+    return lines
+
+
+def _position_table(entries: list[dict]) -> list[str]:
+    """Tau by position in the answer turn, for the entries that carry it."""
     positioned = [e for e in entries if "tau_by_position" in e]
-    if positioned:
-        window = positioned[0]["tau_by_position"]["window"]
-        count = max(len(e["tau_by_position"]["windows"]) for e in positioned)
-        lines += ["", f"Tau by position in the answer turn (cycles grouped by the position of their first token, "
-                  f"{window} tokens a column; tokens from accept_lengths):", "",
-                  "| method | " + " | ".join(f"{k * window}-{(k + 1) * window - 1}" for k in range(count)) + " |",
-                  "|---|" + "---|" * count]
-        for entry in positioned:
-            windows = entry["tau_by_position"]["windows"]
-            lines.append(f"| {entry['label']} | " + " | ".join(
-                f"{windows[k][0] / windows[k][1]:.2f}" if k < len(windows) and windows[k][1] else "-"
-                for k in range(count)) + " |")
+    if not positioned:
+        return []
+    window = positioned[0]["tau_by_position"]["window"]
+    count = max(len(e["tau_by_position"]["windows"]) for e in positioned)
+    lines = ["", f"Tau by position in the answer turn (cycles grouped by the position of their first token, "
+             f"{window} tokens a column; tokens from accept_lengths):", "",
+             "| method | " + " | ".join(f"{k * window}-{(k + 1) * window - 1}" for k in range(count)) + " |",
+             "|---|" + "---|" * count]
+    for entry in positioned:
+        windows = entry["tau_by_position"]["windows"]
+        lines.append(f"| {entry['label']} | " + " | ".join(
+            f"{windows[k][0] / windows[k][1]:.2f}" if k < len(windows) and windows[k][1] else "-"
+            for k in range(count)) + " |")
+    return lines
+
+
+def _phase_table(entries: list[dict]) -> list[str]:
+    """Where a cycle's time goes, for profiled files."""
     profiled = [e for e in entries if "ms_per_cycle" in e["categories"]["all"]]
-    if profiled:
-        lines += ["", "Where a cycle's time goes (ms per target cycle):", "",
-                  "| method | " + " | ".join(PHASES) + " | sum |", "|---|" + "---|" * (len(PHASES) + 1)]
-        for entry in profiled:
-            ms = entry["categories"]["all"]["ms_per_cycle"]
-            lines.append(f"| {entry['label']} | " + " | ".join(f"{ms[p]:.1f}" if p in ms else "-" for p in PHASES)
-                         + f" | {sum(ms.values()):.1f} |")
-    return "\n".join(lines) + "\n"
+    if not profiled:
+        return []
+    lines = ["", "Where a cycle's time goes (ms per target cycle):", "",
+             "| method | " + " | ".join(PHASES) + " | sum |", "|---|" + "---|" * (len(PHASES) + 1)]
+    for entry in profiled:
+        ms = entry["categories"]["all"]["ms_per_cycle"]
+        lines.append(f"| {entry['label']} | " + " | ".join(f"{ms[p]:.1f}" if p in ms else "-" for p in PHASES)
+                     + f" | {sum(ms.values()):.1f} |")
+    return lines
 
 
 def bar_chart(entries: list[dict], png: Path, baseline: Path | None = None) -> Path:

@@ -16,7 +16,11 @@ import torch
 from . import drafting
 from .errors import MissingFile, UsageError, read_text
 
-SHIPPED_TREES = Path(__file__).resolve().parent / "data" / "trees"
+# The shipped trees: a wheel holds them inside the package (pyproject.toml maps the checkout's top-level
+# tree_configs/ to eagle_mdsd/tree_configs); a checkout reads its tree_configs/ where it is.
+_PACKAGE = Path(__file__).resolve().parent
+SHIPPED_TREES = next((folder for folder in (_PACKAGE / "tree_configs", _PACKAGE.parent / "tree_configs")
+                      if folder.is_dir()), _PACKAGE / "tree_configs")
 USER_TREES = Path("tree_configs")  # under the working directory: a tree put there is reached by its name
 MAX_NODES = 1024
 
@@ -116,14 +120,16 @@ def names() -> list[str]:
 
 
 def named(name: str) -> Path | None:
-    """The file of the tree called `name`: a shipped one, else tree_configs/NAME.json; None where neither is (and
-    for a name with a folder in it, which is no name)."""
+    """The file of the tree called `name`: a shipped one or tree_configs/NAME.json under the working directory;
+    None where neither is (and for a name with a folder in it, which is no name).  A name means one tree: a
+    tree_configs/NAME.json that differs from the shipped tree NAME is a one-line error (give its path instead)."""
     if not name or Path(name).name != name:
         return None
-    for folder in (SHIPPED_TREES, USER_TREES):
-        if (folder / f"{name}.json").is_file():
-            return folder / f"{name}.json"
-    return None
+    shipped, own = SHIPPED_TREES / f"{name}.json", USER_TREES / f"{name}.json"
+    if shipped.is_file() and own.is_file() and own.read_bytes() != shipped.read_bytes():
+        raise UsageError(f"tree {name!r}: {own} differs from the shipped tree of that name, and a name means one "
+                         f"tree: rename the file, or give its path (--tree ./{own})")
+    return next((path for path in (shipped, own) if path.is_file()), None)
 
 
 def load(spec: str) -> Tree:

@@ -29,7 +29,8 @@ from pathlib import Path
 
 import torch
 
-from eagle_mdsd import benchmarks, models, peers, questions, suite, tree
+from eagle_mdsd import benchmarks, models, peers, questions, tree
+from eagle_mdsd.benchmark import plans, runners, selection
 from eagle_mdsd import head as head_module
 
 STOCK, COMPILED = "transformers `generate`", "`generate`, static cache + torch.compile"
@@ -47,16 +48,16 @@ def main() -> None:
     target, tokenizer = models.load_target(None, torch.bfloat16)
     draft_head = head_module.load_head(models.DEFAULT_HEAD, target)
     mt_bench = questions.load("mt_bench")
-    chosen = suite.spread(mt_bench, args.questions)
+    chosen = selection.spread(mt_bench, args.questions)
     prompts = [models.chat_prompt_ids(tokenizer, q["turns"][0]) for q in chosen]
     warmup_prompts = [models.chat_prompt_ids(tokenizer, q["turns"][0]) for q in mt_bench if q not in chosen][-3:]
-    stock = suite.make_runner("hf_generate", target, tokenizer)
-    compiled = suite.make_runner(peers.COMPILED, target, tokenizer)
-    baseline = suite.make_runner("baseline", target, tokenizer)
-    chain2, default = (suite.make_runner("eagle", target, tokenizer, draft_head, tree.load(name))
+    stock = runners.make_runner("hf_generate", target, tokenizer)
+    compiled = runners.make_runner(peers.COMPILED, target, tokenizer)
+    baseline = runners.make_runner("baseline", target, tokenizer)
+    chain2, default = (runners.make_runner("eagle", target, tokenizer, draft_head, tree.load(name))
                        for name in ("chain2", "eagle_default"))
-    sampler = suite.make_runner("eagle", target, tokenizer, draft_head, tree.load("chain2"),
-                                *suite.SAMPLING_PAIR.split("/"))
+    sampler = runners.make_runner("eagle", target, tokenizer, draft_head, tree.load("chain2"),
+                                  *plans.SAMPLING_PAIR.split("/"))
     common = [(STOCK, stock, "hf_generate"), (COMPILED, compiled, peers.COMPILED),
               ("baseline (our loop)", baseline, "baseline")]
     arms = {0.0: common + [("EAGLE chain2 (top-k drafts)", chain2, "eagle"),

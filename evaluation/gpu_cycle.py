@@ -41,7 +41,8 @@ import torch
 import transformers
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from eagle_mdsd import benchmarks, engine, head, models, peers, suite
+from eagle_mdsd import benchmarks, engine, head, models, peers
+from eagle_mdsd.benchmark import plans
 
 SHAPES = {
     "smollm2": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
@@ -255,8 +256,8 @@ def main() -> None:
         return max(n - 1, 1)
 
     timed("transformers `generate` (eager), step", eager_call)
-    sampled = tuple(suite.SAMPLING_PAIR.split("/"))
-    setups = suite.benchmark_setups(args.trees, "topk", "topk", sampled)
+    sampled = tuple(plans.SAMPLING_PAIR.split("/"))
+    setups = plans.benchmark_setups(args.trees, "topk", "topk", sampled)
     for t in temperatures:
         for setup in setups:
             tree_name, topology, drafter, verifier = setup[t > 0]

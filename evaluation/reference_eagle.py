@@ -41,7 +41,8 @@ import torch
 import transformers
 from tqdm import tqdm
 
-from eagle_mdsd import bench, benchmarks, engine, head, models, questions, report, suite, tree
+from eagle_mdsd import bench, benchmarks, engine, head, models, questions, report, tree
+from eagle_mdsd.benchmark import plans, records, selection
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE_PYTHON = ROOT / ".venv-ref" / "bin" / "python"
@@ -109,7 +110,7 @@ def answer_all(runs, chosen, folder: Path, max_new_tokens: int) -> str:
             head.save_head(draft_head, scratch, target)  # the EAGLE-1 format, as released heads come
             reference = ReferenceDecoder(target, Path(scratch), dtype, eos[0])
             versions.add(reference.transformers_version)
-            pairs = {t: suite.SAMPLING_PAIR.split("/") if t > 0 else ("topk", "topk") for t in temperatures}
+            pairs = {t: plans.SAMPLING_PAIR.split("/") if t > 0 else ("topk", "topk") for t in temperatures}
             ours = {(t, vocab): engine.Decoder(target, draft_head, topology, *pairs[t], eos, draft_vocab=vocab)
                     for t in temperatures for vocab in ("auto", None)}
             arms = {"reference": lambda t: reference, "ours": lambda t: ours[t, "auto"],
@@ -181,11 +182,12 @@ def main() -> None:
         parser.error(f"{REFERENCE_PYTHON.relative_to(ROOT)} does not exist: run `bash scripts/setup_reference.sh` "
                      f"first")
     folder = ROOT / "evaluation" / "answers" / "reference_eagle" / f"{args.name}_{datetime.date.today().isoformat()}"
-    chosen, files = suite.spread(questions.load("mt_bench"), args.questions), answer_files(runs, folder)
+    chosen, files = selection.spread(questions.load("mt_bench"), args.questions), answer_files(runs, folder)
     try:
-        suite.check_settings(folder, {"head": suite.head_checksum(models.DEFAULT_HEAD), "questions": args.questions,
-                                      "max_new_tokens": args.max_new_tokens, "runs": [list(r) for r in runs]})
-        timed_on = suite.timing_machine(folder, files.values(), chosen)
+        records.check_settings(folder, {"head": records.head_checksum(models.DEFAULT_HEAD),
+                                        "questions": args.questions, "max_new_tokens": args.max_new_tokens,
+                                        "runs": [list(r) for r in runs]})
+        timed_on = records.timing_machine(folder, files.values(), chosen)
     except ValueError as error:
         parser.error(str(error))
     reference_transformers = answer_all(runs, chosen, folder, args.max_new_tokens)

@@ -11,7 +11,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from eagle_mdsd import bench, benchmarks, cli, engine, head, kernels, models, peers, questions, report, suite, tree
+from eagle_mdsd import bench, benchmarks, cli, engine, head, kernels, models, peers, questions, report, tree
+from eagle_mdsd.benchmark import pages, plans, records, run as benchmark_run, runners, selection, sweep
 from eagle_mdsd.errors import UsageError
 
 from tiny import tiny_target
@@ -294,7 +295,7 @@ def test_fastchat_template_for_models_it_knows(small_chat_model):
 
 
 def test_spread_takes_questions_round_robin_over_categories():
-    chosen = suite.spread(questions.load("mt_bench"), 10)
+    chosen = selection.spread(questions.load("mt_bench"), 10)
     assert len(chosen) == 10 and len({q["category"] for q in chosen}) == 8
     assert [q["question_id"] for q in chosen][:3] == [81, 82, 91]
 
@@ -375,7 +376,7 @@ def test_eagle_options_with_another_method_are_refused_before_the_model_loads(ar
 def test_benchmark_options_that_would_do_nothing_are_refused(monkeypatch, capsys):
     from eagle_mdsd import cli
 
-    monkeypatch.setattr(suite, "run_benchmark", lambda *args: pytest.fail("the benchmark ran"))
+    monkeypatch.setattr(benchmark_run, "run_benchmark", lambda *args: pytest.fail("the benchmark ran"))
     for argv, message in ((["--methods", "baseline,hf_generate", "--trees", "chain2"],
                            "--trees does nothing without eagle in --methods"),
                           (["--temperatures", "0", "--sampling-tree", "chain3", "--sampling-pair", "same"],
@@ -406,7 +407,7 @@ def test_the_main_command_measures_afresh_in_a_clone_whose_committed_answers_car
         (out / f"{plan.name}.md").write_text("page")
         return {"name": plan.name}
 
-    monkeypatch.setattr(suite, "run_benchmark", measured)
+    monkeypatch.setattr(benchmark_run, "run_benchmark", measured)
     assert cli.main(["benchmark"]) == 0
     out, answers, name = calls[-1]
     assert out == answers == Path("runs/benchmark") and name.startswith(today) and not (answers / name).exists()
@@ -452,21 +453,21 @@ def _entry(label, speed):
 
 
 def test_the_page_compares_each_eagle_row_with_prompt_lookup_as_measured_ratios():
-    lines = suite.comparisons([_entry("eagle[eagle_default]", 50.0), _entry("eagle[chain2]", 45.0),
+    lines = pages.comparisons([_entry("eagle[eagle_default]", 50.0), _entry("eagle[chain2]", 45.0),
                                _entry("hf_generate", 20.0), _entry("prompt_lookup", 30.0)], 0.0)
     assert lines == ["eagle[eagle_default] / prompt_lookup at T=0: 50.0 / 30.0 tokens/s = 1.67x",
                      "eagle[chain2] / prompt_lookup at T=0: 45.0 / 30.0 tokens/s = 1.50x"]
-    assert suite.comparisons([_entry("eagle", 50.0), _entry("prompt_lookup", 20.0)], 1.0) == [
+    assert pages.comparisons([_entry("eagle", 50.0), _entry("prompt_lookup", 20.0)], 1.0) == [
         "eagle / prompt_lookup at T=1: 50.0 / 20.0 tokens/s = 2.50x"]
     # over generate: the table's column (test_the_table_gives_every_rows_speedup_over_generate_where_generate_ran)
-    assert suite.comparisons([_entry("eagle", 50.0), _entry("baseline", 25.0), _entry("hf_generate", 20.0)], 0) == []
+    assert pages.comparisons([_entry("eagle", 50.0), _entry("baseline", 25.0), _entry("hf_generate", 20.0)], 0) == []
 
 
 def test_the_page_gives_each_eagle_trees_time_a_cycle_and_tau():
     # 100 new tokens in 50 cycles over 4 s: 80 ms a cycle, 25 tokens/s at tau 2
     tree = {"label": "eagle[eagle_default]",
             "categories": {"all": {"tokens_per_s": 25.0, "cycles": 50, "wall_time_s": 4.0, "tau": 2.0}}}
-    lines = suite.comparisons([tree, _entry("hf_generate", 20.0)], 0.0)
+    lines = pages.comparisons([tree, _entry("hf_generate", 20.0)], 0.0)
     assert lines == ["eagle[eagle_default] at T=0: 80.0 ms a cycle (wall time / cycles, prefill included), tau 2.00"]
 
 
@@ -476,19 +477,19 @@ def test_every_method_the_suite_offers_answers_transformers_greedy_tokens_at_t0(
     prompt = [5, 6, 7, 5, 6, 7, 5, 6]  # repeats, so that prompt lookup finds drafts
     with torch.inference_mode():
         greedy = target.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, eos_token_id=None)
-    for method in suite.METHODS:
-        runner = suite.make_runner(method, target, None, draft_head, topology)
+    for method in plans.METHODS:
+        runner = runners.make_runner(method, target, None, draft_head, topology)
         answer = runner.generate(prompt, 12, 0.0, 0, method).token_ids
         assert answer == greedy[0, len(prompt):].tolist()[: len(answer)] and answer, method
     with pytest.raises(ValueError, match="unknown method 'nope'"):
-        suite.make_runner("nope", target, None)
+        runners.make_runner("nope", target, None)
 
 
 def test_cli_sampling_defaults_are_the_suites():
     from eagle_mdsd import cli
 
-    assert cli.build_parser().parse_args(["benchmark"]).sampling_pair == suite.SAMPLING_PAIR
-    assert cli.build_parser().parse_args(["benchmark"]).sampling_tree == suite.SAMPLING_TREE
+    assert cli.build_parser().parse_args(["benchmark"]).sampling_pair == plans.SAMPLING_PAIR
+    assert cli.build_parser().parse_args(["benchmark"]).sampling_tree == plans.SAMPLING_TREE
 
 
 def test_a_killed_run_resumes_without_lost_or_duplicate_questions(tmp_path):
@@ -550,7 +551,7 @@ def test_the_cpu_headline_page_is_its_json_rendered_and_the_readme_reads_its_num
     page = root / re.search(r"\[CPU\]\((evaluation/results/[^)]+\.md)\)", readme).group(1)
     result = json.loads(page.with_suffix(".json").read_text())
     text = page.read_text()
-    assert text == suite.benchmark_markdown(result, page.stem)  # measured numbers and all, nothing typed by hand
+    assert text == pages.benchmark_markdown(result, page.stem)  # measured numbers and all, nothing typed by hand
     assert text.splitlines()[2].startswith("Command: `bash scripts/setup.sh && .venv/bin/eagle-mdsd benchmark`")
     methods = {"transformers `generate`": "hf_generate", "transformers `generate`, compiled": "hf_compiled",
                "prompt lookup (transformers)": "prompt_lookup", "our plain decoding": "baseline",
@@ -575,32 +576,32 @@ def test_the_cpu_headline_page_is_its_json_rendered_and_the_readme_reads_its_num
 
 
 def test_the_page_compares_dynamic_trees_with_the_static_default():
-    lines = suite.comparisons([_entry("eagle[eagle_default]", 30.0), _entry("eagle[eagle2:total_tokens=16]", 37.5),
+    lines = pages.comparisons([_entry("eagle[eagle_default]", 30.0), _entry("eagle[eagle2:total_tokens=16]", 37.5),
                                _entry("eagle[sequoia_cpu]", 40.0)], 0.0)
     assert lines == ["eagle[eagle2:total_tokens=16] / eagle[eagle_default] at T=0: 1.25x"]  # sequoia's is static
 
 
 def test_a_tree_can_carry_its_own_drafter_and_verifier():
-    assert suite.tree_and_pair("eagle_default", "topk", "topk") == ("eagle_default", "topk", "topk")
-    assert suite.tree_and_pair("eagle2:top_k=3@greedy/greedy", "topk", "topk") == ("eagle2:top_k=3", "greedy", "greedy")
+    assert plans.tree_and_pair("eagle_default", "topk", "topk") == ("eagle_default", "topk", "topk")
+    assert plans.tree_and_pair("eagle2:top_k=3@greedy/greedy", "topk", "topk") == ("eagle2:top_k=3", "greedy", "greedy")
     with pytest.raises(ValueError, match="TREE@DRAFTER/VERIFIER"):
-        suite.tree_and_pair("eagle2@greedy", "topk", "topk")
-    lines = suite.comparisons([_entry(label, speed) for label, speed in
+        plans.tree_and_pair("eagle2@greedy", "topk", "topk")
+    lines = pages.comparisons([_entry(label, speed) for label, speed in
                                (("eagle[eagle_default]", 20.0), ("eagle[eagle2:top_k=3@greedy/greedy]", 25.0))], 1.0)
     assert lines == ["eagle[eagle2:top_k=3@greedy/greedy] / eagle[eagle_default] at T=1: 1.25x"]
 
 
 def test_eagle_with_lookup_drafts_is_compared_as_every_eagle_row_is():
-    lines = suite.comparisons([_entry("eagle[eagle_default]", 30.0), _entry("eagle[eagle_default+lookup10]", 60.0),
+    lines = pages.comparisons([_entry("eagle[eagle_default]", 30.0), _entry("eagle[eagle_default+lookup10]", 60.0),
                                _entry("hf_generate", 20.0), _entry("prompt_lookup", 40.0)], 0.0)
     assert lines == ["eagle[eagle_default] / prompt_lookup at T=0: 30.0 / 40.0 tokens/s = 0.75x",
                      "eagle[eagle_default+lookup10] / prompt_lookup at T=0: 60.0 / 40.0 tokens/s = 1.50x"]
 
 
 def test_static_trees_share_one_run_on_the_sampling_tree_at_t_above_0(tmp_path):
-    plan = suite.BenchmarkPlan(count=1, temperatures=(0.0, 1.0), methods=("eagle",), max_new_tokens=4,
+    plan = plans.BenchmarkPlan(count=1, temperatures=(0.0, 1.0), methods=("eagle",), max_new_tokens=4,
                                trees=("eagle_default", "chain2", "eagle_default+lookup3"), name="shared")
-    result = suite.run_benchmark(tmp_path / "results", tmp_path / "answers", plan)
+    result = benchmark_run.run_benchmark(tmp_path / "results", tmp_path / "answers", plan)
     labels = {tag: [e["label"] for e in block["entries"]] for tag, block in result["temperatures"].items()}
     assert labels == {"t0": ["eagle[eagle_default]", "eagle[chain2]", "eagle[eagle_default+lookup3]"],
                       "t1": ["eagle[chain2]", "eagle[chain2+lookup3]"]}
@@ -608,9 +609,9 @@ def test_static_trees_share_one_run_on_the_sampling_tree_at_t_above_0(tmp_path):
 
 
 def test_a_sweep_runs_every_cell_that_fits_and_a_rerun_resumes(tmp_path):
-    plan = suite.SweepPlan(trees=("chain2", "binary_depth4"), temperatures=(0.0, 1.0),
+    plan = plans.SweepPlan(trees=("chain2", "binary_depth4"), temperatures=(0.0, 1.0),
                            pairs=(("topk", "topk"), ("spechub", "spechub")), count=1, max_new_tokens=4, name="small")
-    page = suite.sweep(tmp_path / "results", tmp_path / "answers", plan)
+    page = sweep.sweep(tmp_path / "results", tmp_path / "answers", plan)
     rows = json.loads(page.with_suffix(".json").read_text())["rows"]
     # spechub draws two drafts at every node, so chain2's spechub cells are left out
     assert sorted((r["tree"], r["drafter"], r["temperature"]) for r in rows) == [
@@ -619,7 +620,7 @@ def test_a_sweep_runs_every_cell_that_fits_and_a_rerun_resumes(tmp_path):
     answers = sorted((tmp_path / "answers" / "small").glob("*.jsonl"))
     assert [f.name for f in answers][-1] == "chain2-topk-topk-t1.jsonl" and len(answers) == 6
     before = [f.read_text() for f in answers]
-    suite.sweep(tmp_path / "results", tmp_path / "answers", plan)  # finished: nothing is answered again
+    sweep.sweep(tmp_path / "results", tmp_path / "answers", plan)  # finished: nothing is answered again
     assert [f.read_text() for f in answers] == before
     assert "| chain2 | topk | topk | " in page.read_text()
 
@@ -629,7 +630,7 @@ def test_a_sweep_or_benchmark_with_nothing_to_run_is_refused(monkeypatch, capsys
 
     monkeypatch.setattr(models, "load_target", lambda *args: pytest.fail("the model loaded"))
     with pytest.raises(ValueError, match="no pair of --pairs fits any tree of --trees \\(chain2\\)"):
-        suite.sweep("unused", "unused", suite.SweepPlan(trees=("chain2",), pairs=(("spechub", "spechub"),)))
+        sweep.sweep("unused", "unused", plans.SweepPlan(trees=("chain2",), pairs=(("spechub", "spechub"),)))
     for command in ("sweep", "benchmark"):  # an empty page, or a bare Errno after the model loaded
         assert cli.main([command, "--temperatures", " , "]) == 2
         assert "--temperatures names no temperature" in capsys.readouterr().err
@@ -637,36 +638,36 @@ def test_a_sweep_or_benchmark_with_nothing_to_run_is_refused(monkeypatch, capsys
 
 def test_a_benchmark_resumes_only_answers_made_with_the_same_settings(tmp_path):
     folder = tmp_path / "benchmark_x"
-    settings = {"head": suite.head_checksum(models.DEFAULT_HEAD), "dtype": "bfloat16", "trees": ["eagle_default"]}
-    suite.check_settings(folder, settings)  # first run: records them
+    settings = {"head": records.head_checksum(models.DEFAULT_HEAD), "dtype": "bfloat16", "trees": ["eagle_default"]}
+    records.check_settings(folder, settings)  # first run: records them
     (folder / "mt_bench-eagle-t0.jsonl").write_text("{}\n")
-    suite.check_settings(folder, dict(settings))  # same settings: resumes
+    records.check_settings(folder, dict(settings))  # same settings: resumes
     with pytest.raises(ValueError, match="other settings.*head .* -> 0123.*another --name"):
-        suite.check_settings(folder, settings | {"head": "0123"})
+        records.check_settings(folder, settings | {"head": "0123"})
     with pytest.raises(ValueError, match="dtype bfloat16 -> float32"):
-        suite.check_settings(folder, settings | {"dtype": "float32"})
+        records.check_settings(folder, settings | {"dtype": "float32"})
     (folder / "settings.json").unlink()  # answers of unknown origin are not resumed either
     with pytest.raises(ValueError, match="without a settings.json"):
-        suite.check_settings(folder, settings)
+        records.check_settings(folder, settings)
 
 
 def test_answers_name_the_machine_they_were_timed_on(tmp_path, monkeypatch):
     folder = tmp_path / "benchmark_x"
-    suite.check_settings(folder, {"dtype": "bfloat16"})
+    records.check_settings(folder, {"dtype": "bfloat16"})
     answers, chosen = [folder / "eagle-t0.jsonl"], [{"question_id": 81}, {"question_id": 82}]
     answers[0].write_text(json.dumps(_fake_row(81, "writing", [4], [1.0], [2])) + "\n")
-    monkeypatch.setattr(suite, "machine", lambda device="cpu": {"cpu": "first cpu", "threads": 2, "torch": "2"})
-    assert suite.timing_machine(folder, answers, chosen)["cpu"] == "first cpu"  # recorded by the first run
-    assert suite.check_settings(folder, {"dtype": "bfloat16"}) is None  # the record still resumes
-    monkeypatch.setattr(suite, "machine", lambda device="cpu": {"cpu": "second cpu", "threads": 2, "torch": "2"})
+    monkeypatch.setattr(records, "machine", lambda device="cpu": {"cpu": "first cpu", "threads": 2, "torch": "2"})
+    assert records.timing_machine(folder, answers, chosen)["cpu"] == "first cpu"  # recorded by the first run
+    assert records.check_settings(folder, {"dtype": "bfloat16"}) is None  # the record still resumes
+    monkeypatch.setattr(records, "machine", lambda device="cpu": {"cpu": "second cpu", "threads": 2, "torch": "2"})
     with pytest.raises(ValueError, match="timed on first cpu, .* and this machine is second cpu, .*another --name"):
-        suite.timing_machine(folder, answers, chosen)  # question 82 answered here would mix two machines
-    assert suite.timing_machine(folder, answers, chosen[:1])["cpu"] == "first cpu"  # all done: a report only
-    monkeypatch.setattr(suite, "machine", lambda device="cpu": {"cpu": "first cpu", "threads": 2, "torch": "2",
+        records.timing_machine(folder, answers, chosen)  # question 82 answered here would mix two machines
+    assert records.timing_machine(folder, answers, chosen[:1])["cpu"] == "first cpu"  # all done: a report only
+    monkeypatch.setattr(records, "machine", lambda device="cpu": {"cpu": "first cpu", "threads": 2, "torch": "2",
                                                                 "gpu": "some GPU x1"})
     with pytest.raises(ValueError, match="timed on first cpu, 2 torch threads, torch 2 and this machine is .*"
                                          "GPU some GPU x1"):
-        suite.timing_machine(folder, answers, chosen, "cuda")  # the same host with a GPU times another way
+        records.timing_machine(folder, answers, chosen, "cuda")  # the same host with a GPU times another way
 
 
 def test_the_machine_record_names_the_gpu_a_run_is_timed_on(monkeypatch):
@@ -684,15 +685,15 @@ def test_the_machine_record_names_the_gpu_a_run_is_timed_on(monkeypatch):
 def test_the_head_checksum_changes_with_any_file_of_the_head(tmp_path):
     for name in ("config.json", "model.safetensors"):
         (tmp_path / name).write_bytes(b"x")
-    before = suite.head_checksum(tmp_path)
+    before = records.head_checksum(tmp_path)
     (tmp_path / "model.safetensors").write_bytes(b"y")
-    assert suite.head_checksum(tmp_path) != before
+    assert records.head_checksum(tmp_path) != before
 
 
 def test_the_benchmark_samples_static_trees_with_the_sampling_pair_at_t_above_0():
     entries = ["eagle_default", "eagle2:total_tokens=10,depth=3,top_k=3", "binary_depth4@greedy/greedy"]
     for sampling_tree in ("same", "chain2"):
-        setups = suite.benchmark_setups(entries, "topk", "topk", ("without_replacement", "rrs_wo"), sampling_tree)
+        setups = plans.benchmark_setups(entries, "topk", "topk", ("without_replacement", "rrs_wo"), sampling_tree)
         runs = {setup[False][0]: {sampled: (label, topology.size if hasattr(topology, "size") else None, d, v)
                                   for sampled, (label, topology, d, v) in setup.items()} for setup in setups}
         default_at_1 = ("eagle_default", 25, "without_replacement", "rrs_wo") if sampling_tree == "same" else \
@@ -701,28 +702,28 @@ def test_the_benchmark_samples_static_trees_with_the_sampling_pair_at_t_above_0(
         dynamic_label = next(label for label in runs if label.startswith("eagle2"))
         assert [run[2:] for run in runs[dynamic_label].values()] == [("topk", "topk")] * 2  # grown by topk drafts
         assert runs["binary_depth4@greedy/greedy"][True] == ("binary_depth4@greedy/greedy", 30, "greedy", "greedy")
-    shared = suite.benchmark_setups(["eagle_default", "chain4"], "topk", "topk", ("greedy", "greedy"), "chain2")
+    shared = plans.benchmark_setups(["eagle_default", "chain4"], "topk", "topk", ("greedy", "greedy"), "chain2")
     assert [setup[False][0] for setup in shared] == ["eagle_default", "chain4"]
     assert [setup[True][0] for setup in shared] == ["chain2", "chain2"]  # at T > 0 one run on the sampling tree
     grafted = ["eagle_default+lookup", "chain4+lookup4", "eagle2:total_tokens=10,depth=3,top_k=3+lookup"]
     for sampling_tree, static_labels in (("same", ["eagle_default+lookup10", "chain4+lookup4"]),
                                          ("chain2", ["chain2+lookup10", "chain2+lookup4"])):
-        setups = suite.benchmark_setups(grafted, "topk", "topk", ("without_replacement", "rrs_wo"), sampling_tree)
+        setups = plans.benchmark_setups(grafted, "topk", "topk", ("without_replacement", "rrs_wo"), sampling_tree)
         assert [setup[True][0] for setup in setups[:2]] == static_labels  # the lookup drafts go along
         assert [setup[True][2:] for setup in setups] == [("without_replacement", "rrs_wo")] * 2 + [("topk", "topk")]
     with pytest.raises(ValueError, match="--sampling-tree eagle2: give a static tree"):
-        suite.benchmark_setups(["eagle_default"], "topk", "topk", ("greedy", "greedy"), "eagle2")
-    assert suite.parse_sampling_pair("same", "topk", "topk") == ("topk", "topk")
-    assert suite.parse_sampling_pair("greedy/greedy", "topk", "topk") == ("greedy", "greedy")
+        plans.benchmark_setups(["eagle_default"], "topk", "topk", ("greedy", "greedy"), "eagle2")
+    assert plans.parse_sampling_pair("same", "topk", "topk") == ("topk", "topk")
+    assert plans.parse_sampling_pair("greedy/greedy", "topk", "topk") == ("greedy", "greedy")
     with pytest.raises(ValueError, match="--sampling-pair 'rrs_wo': write DRAFTER/VERIFIER"):
-        suite.parse_sampling_pair("rrs_wo", "topk", "topk")
+        plans.parse_sampling_pair("rrs_wo", "topk", "topk")
     with pytest.raises(ValueError, match="rrs_wo"):
-        suite.parse_sampling_pair("with_replacement/rrs_wo", "topk", "topk")  # not a lossless pair
+        plans.parse_sampling_pair("with_replacement/rrs_wo", "topk", "topk")  # not a lossless pair
 
 
 def test_a_small_benchmark_runs_end_to_end_with_the_sampling_pair(tmp_path, monkeypatch):
     used = set()  # (method, temperature, drafter, verifier) of every generation
-    make_runner = suite.make_runner
+    make_runner = runners.make_runner
 
     def recording(method, *args, **kwargs):
         runner = make_runner(method, *args, **kwargs)
@@ -737,10 +738,10 @@ def test_a_small_benchmark_runs_end_to_end_with_the_sampling_pair(tmp_path, monk
         runner.generate = logged
         return runner
 
-    monkeypatch.setattr(suite, "make_runner", recording)
-    plan = suite.BenchmarkPlan(count=1, temperatures=(0.0, 1.0), methods=("eagle", "baseline"), max_new_tokens=8,
+    monkeypatch.setattr(runners, "make_runner", recording)
+    plan = plans.BenchmarkPlan(count=1, temperatures=(0.0, 1.0), methods=("eagle", "baseline"), max_new_tokens=8,
                                name="small")
-    result = suite.run_benchmark(tmp_path / "results", tmp_path / "answers", plan)
+    result = benchmark_run.run_benchmark(tmp_path / "results", tmp_path / "answers", plan)
     assert {u for u in used if u[0] == "eagle"} == {("eagle", 0.0, "topk", "topk", 25),
                                                    ("eagle", 1.0, "without_replacement", "rrs_wo", 2)}
     settings = json.loads((tmp_path / "answers" / "small" / "settings.json").read_text())
@@ -749,8 +750,8 @@ def test_a_small_benchmark_runs_end_to_end_with_the_sampling_pair(tmp_path, monk
     assert settings["kernels"] == result["kernels"] == ("packed" if packs else "stock")
     for tag in ("t0", "t1"):
         assert [e["label"] for e in result["temperatures"][tag]["entries"]] == ["eagle", "baseline"]
-        assert len((tmp_path / "answers" / "small" / suite._file_safe(f"mt_bench-{models.EMBEDDED_NAME}-eagle-{tag}.jsonl"))
-                   .read_text().splitlines()) == 1
+        answer_file = records.file_safe(f"mt_bench-{models.EMBEDDED_NAME}-eagle-{tag}.jsonl")
+        assert len((tmp_path / "answers" / "small" / answer_file).read_text().splitlines()) == 1
     text = (tmp_path / "results" / "small.md").read_text()
     assert ("drafter topk, verifier topk; at T > 0 (static trees) tree chain2, drafter without_replacement, "
             "verifier rrs_wo") in text

@@ -104,3 +104,25 @@ def test_each_form_of_import_is_an_edge(tmp_path, source, expected):
     (package / "a.py").write_text(source)
     (package / "b.py").write_text("thing = 1\n")
     assert import_graph(package, "toy")["toy.a"] == expected
+
+
+def test_the_benchmarks_parts_never_import_their_orchestrators():
+    """Data flows down: `run` and `sweep` call the parts of the benchmark package, and no part calls back up."""
+    graph = import_graph(Path(eagle_mdsd.__file__).parent, PACKAGE)
+    orchestrators = {f"{PACKAGE}.benchmark.run", f"{PACKAGE}.benchmark.sweep"}
+    climbs = {name: targets & orchestrators for name, targets in graph.items()
+              if name not in orchestrators and targets & orchestrators and not name.startswith(f"{PACKAGE}.cli")}
+    assert not climbs, f"imports up into the orchestrators: {climbs}"
+
+
+def test_the_wheel_lists_every_package_and_ships_the_trees():
+    """pyproject.toml names the packages one by one (tree_configs/ is mapped in beside them), so a new package
+    must join the list; scripts/wheel_check.sh proves the installed wheel finds the trees."""
+    import tomllib
+
+    root = Path(eagle_mdsd.__file__).parent
+    setup = tomllib.loads((root.parent / "pyproject.toml").read_text())["tool"]["setuptools"]
+    packages = {name for name, path in modules(root, PACKAGE).items() if path.name == "__init__.py"}
+    assert set(setup["packages"]) == packages | {f"{PACKAGE}.tree_configs"}
+    assert setup["package-dir"] == {f"{PACKAGE}.tree_configs": "tree_configs"}
+    assert (root.parent / "tree_configs" / "eagle_default.json").is_file()

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 
-from eagle_mdsd import bench, questions, report, suite
+from eagle_mdsd import bench, questions, report
+from eagle_mdsd.benchmark import pages, plans, run as benchmark_run, runners, selection
 
 
 def test_every_method_answers_a_question_outside_the_set_in_full_before_the_clock_starts(tmp_path, monkeypatch):
     events = []  # ("generate", method, T, max_new_tokens) and ("timed", method, T, question) in the order they ran
-    make_runner, timed_run = suite.make_runner, bench.run
+    make_runner, timed_run = runners.make_runner, bench.run
 
     def recording(method, *args, **kwargs):
         runner = make_runner(method, *args, **kwargs)
@@ -27,13 +28,13 @@ def test_every_method_answers_a_question_outside_the_set_in_full_before_the_cloc
         events.append(("timed", settings.method, settings.temperature, chosen[0]["question_id"]))
         return timed_run(runner, tokenizer, chosen, answer_file, model_id, settings, *args, **kwargs)
 
-    monkeypatch.setattr(suite, "make_runner", recording)
+    monkeypatch.setattr(runners, "make_runner", recording)
     monkeypatch.setattr(bench, "run", clocked)
-    plan = suite.BenchmarkPlan(count=1, temperatures=(0.0, 1.0), methods=("baseline", "hf_generate"),
+    plan = plans.BenchmarkPlan(count=1, temperatures=(0.0, 1.0), methods=("baseline", "hf_generate"),
                                max_new_tokens=6, name="steady")
-    result = suite.run_benchmark(tmp_path / "results", tmp_path / "answers", plan)
-    chosen = suite.spread(questions.load("mt_bench"), 1)
-    spare = suite.warmup_question(questions.load("mt_bench"), chosen)
+    result = benchmark_run.run_benchmark(tmp_path / "results", tmp_path / "answers", plan)
+    chosen = selection.spread(questions.load("mt_bench"), 1)
+    spare = selection.warmup_question(questions.load("mt_bench"), chosen)
     assert spare["question_id"] not in {q["question_id"] for q in chosen}
     first_timed = next(i for i, e in enumerate(events) if e[0] == "timed")
     warm = events[:first_timed]
@@ -78,15 +79,15 @@ def test_the_compiled_peer_is_prepared_for_the_longest_turn_before_any_warm_up_a
 
     monkeypatch.setattr(bench, "conversation_ids", lambda tokenizer, turns, answers, template=None: [0] * 10 * len(turns))
     spare = {"question_id": 7, "turns": ["a", "b"]}
-    plan = suite.BenchmarkPlan(max_new_tokens=4)
+    plan = plans.BenchmarkPlan(max_new_tokens=4)
     runner = Compiled()
-    warm = suite.warm_up({(False, "hf_compiled"): ("hf_compiled", runner)}, {(0.0, "hf_compiled"): None},
+    warm = runners.warm_up({(False, "hf_compiled"): ("hf_compiled", runner)}, {(0.0, "hf_compiled"): None},
                          Tokenizer(), spare, plan, cache_tokens=99)
     assert calls[0] == ("prepare", 99) and [c[0] for c in calls[1:]] == ["generate", "generate"]
     assert warm["compile_s"] == {"hf_compiled": 1.5} and list(warm["warmup_s"]) == ["hf_compiled T=0"]
-    assert "hf_compiled compiled and allocated its static cache first in 2 s" in suite.warmup_note({"warmup": warm})
+    assert "hf_compiled compiled and allocated its static cache first in 2 s" in pages.warmup_note({"warmup": warm})
     # the bound covers every turn: the conversation's prompt, each answer at its length and a re-tokenising margin
-    assert suite.longest_turn(Tokenizer(), [spare], 4) == 20 + 2 * 4 + 16
+    assert runners.longest_turn(Tokenizer(), [spare], 4) == 20 + 2 * 4 + 16
 
 
 def test_the_page_names_rows_that_answered_other_questions_and_each_rows_spread():
@@ -107,15 +108,15 @@ def test_the_page_names_rows_that_answered_other_questions_and_each_rows_spread(
 
 def test_the_warm_up_question_is_outside_the_set_or_a_spare_one():
     every = questions.load("mt_bench")
-    assert suite.warmup_question(every, every) is suite.SPARE_QUESTION
-    assert suite.warmup_question(every, every[1:])["question_id"] == every[0]["question_id"]
+    assert selection.warmup_question(every, every) is selection.SPARE_QUESTION
+    assert selection.warmup_question(every, every[1:])["question_id"] == every[0]["question_id"]
 
 
 def test_the_benchmark_table_gives_every_rows_tokens_per_s_over_both_generates():
     entries = [{"label": label, "categories": {"all": {"questions": 1, "new_tokens": 10, "tau": 1.0,
                                                        "tokens_per_s": speed}}}
                for label, speed in (("eagle", 60.0), ("hf_generate", 20.0), ("hf_compiled", 30.0))]
-    rows = report.markdown(entries, suite.PEERS).splitlines()
+    rows = report.markdown(entries, plans.PEERS).splitlines()
     assert rows[0].endswith("| x hf_generate | x hf_compiled |")
     assert rows[2].endswith("| 3.00x | 2.00x |") and rows[4].endswith("| 1.50x | 1.00x |")
-    assert "x hf_compiled" not in report.markdown(entries[:2], suite.PEERS)  # a run without it: no column
+    assert "x hf_compiled" not in report.markdown(entries[:2], plans.PEERS)  # a run without it: no column

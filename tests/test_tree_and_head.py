@@ -70,10 +70,21 @@ def test_a_name_finds_the_shipped_trees_from_any_folder_and_a_tree_of_tree_confi
     assert tree.load("eagle_default").size == 25  # from the package, not the working directory
     (tmp_path / "tree_configs").mkdir()
     (tmp_path / "tree_configs" / "measured.json").write_text(json.dumps({"paths": [[0], [1]]}))
-    (tmp_path / "tree_configs" / "chain4.json").write_text(json.dumps({"paths": [[0]]}))
     assert tree.load("measured").paths == ((0,), (1,))
-    assert tree.load("chain4").size == 4  # a shipped name keeps its shipped tree
     assert {"eagle_default", "measured", "sequoia_cpu"} <= set(tree.names())
+
+
+def test_a_tree_of_tree_configs_that_differs_from_the_shipped_tree_of_its_name_is_refused(tmp_path, monkeypatch):
+    """A name means one tree: a user's tree_configs/chain4.json is never silently passed over for the shipped
+    chain4 (nor taken in its place); a copy of the shipped file is no clash, and the file's path still loads it."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tree_configs").mkdir()
+    (tmp_path / "tree_configs" / "chain4.json").write_text(json.dumps({"paths": [[0]]}))
+    with pytest.raises(ValueError, match="tree 'chain4': tree_configs/chain4.json differs from the shipped tree"):
+        tree.load("chain4")
+    assert tree.load("./tree_configs/chain4.json").size == 1
+    (tmp_path / "tree_configs" / "chain4.json").write_bytes((tree.SHIPPED_TREES / "chain4.json").read_bytes())
+    assert tree.load("chain4").size == 4
 
 
 def head_logits(draft_head, target):

@@ -23,7 +23,7 @@ os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 from .. import errors, validate  # noqa: E402
 from . import (acceptance, bench, bench_core, benchmark, check_greedy, generate, pairs, report,  # noqa: E402
                sequoia, study, sweep, train_head)  # (imports torch)
-from .options import METHODS  # noqa: E402,F401  (the methods every subcommand offers, defined in suite)
+from .options import METHODS  # noqa: E402,F401  (the methods every subcommand offers, defined in benchmark.plans)
 
 SUBCOMMANDS = (pairs, acceptance, generate, check_greedy, train_head, bench, report, benchmark, sweep, sequoia, study,
                bench_core)

@@ -28,16 +28,17 @@ def add_parser(sub) -> None:
 def row_settings(args):
     """The bench.Settings of the command line, with the context its rows record; a bad tree, dtype or head is a
     one-line error here, before any model loads."""
-    from .. import bench, checkpoint, models, suite
+    from .. import bench, checkpoint, models
+    from ..benchmark import plans, records
 
     context = {"dtype": str(models.parse_dtype(args.dtype)).removeprefix("torch."),
                "base_model": args.base_model or models.EMBEDDED}
     if args.method == "eagle":
         spec = args.ea_model or models.DEFAULT_HEAD
-        context |= {"tree": suite.tree_label(runners.topology(args)), "drafter": args.scheme,
+        context |= {"tree": plans.tree_label(runners.topology(args)), "drafter": args.scheme,
                     "verifier": args.verifier, "draft_vocab": args.draft_vocab,
                     "head": f"random:{args.seed}" if spec == "random" else
-                    suite.head_checksum(checkpoint.head_folder(str(spec)))}
+                    records.head_checksum(checkpoint.head_folder(str(spec)))}
     return bench.Settings(args.method, args.max_new_tokens, args.temperature, args.seed, args.profile, args.turns,
                           tuple(context.items()))
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
-from .. import models, suite, validate
+from .. import models, validate
+from ..benchmark import plans, run as benchmark_run
 from . import options
 
 
@@ -28,10 +29,10 @@ def add_parser(sub) -> None:
     eagle.add_argument("--verifier", default="topk")
     eagle.add_argument("--draft-vocab", type=options.draft_vocab, default="auto", help=options.DRAFT_VOCAB_HELP)
     sampling = parser.add_argument_group("EAGLE at T > 0 (on static trees without a pair of their own)")
-    sampling.add_argument("--sampling-pair", default=suite.SAMPLING_PAIR, metavar="SCHEME/VERIFIER",
-                          help=f"the pair at T > 0 (default {suite.SAMPLING_PAIR}); 'same' keeps --drafter/--verifier")
-    sampling.add_argument("--sampling-tree", default=suite.SAMPLING_TREE,
-                          help=f"the static tree run at T > 0 in their place (default {suite.SAMPLING_TREE}); "
+    sampling.add_argument("--sampling-pair", default=plans.SAMPLING_PAIR, metavar="SCHEME/VERIFIER",
+                          help=f"the pair at T > 0 (default {plans.SAMPLING_PAIR}); 'same' keeps --drafter/--verifier")
+    sampling.add_argument("--sampling-tree", default=plans.SAMPLING_TREE,
+                          help=f"the static tree run at T > 0 in their place (default {plans.SAMPLING_TREE}); "
                                f"'same' keeps each tree")
     parser.set_defaults(fn=run, eagle_options=options.defaults(eagle) | options.defaults(sampling),
                         sampling_options=options.defaults(sampling))
@@ -46,8 +47,8 @@ def check_options(args, temperatures) -> None:
         return
     if not any(t > 0 for t in temperatures):
         options.refuse_unread(options.given(args, args.sampling_options), "without a temperature above 0")
-    sampled = suite.parse_sampling_pair(args.sampling_pair, args.scheme, args.verifier)
-    suite.benchmark_setups(args.trees, args.scheme, args.verifier, sampled, args.sampling_tree)
+    sampled = plans.parse_sampling_pair(args.sampling_pair, args.scheme, args.verifier)
+    plans.benchmark_setups(args.trees, args.scheme, args.verifier, sampled, args.sampling_tree)
 
 
 def run(args) -> None:
@@ -66,7 +67,7 @@ def run(args) -> None:
     if state.num_processes > 1:
         run = broadcast_object_list(run)
     name, args.answers, args.out = run
-    plan = suite.BenchmarkPlan(
+    plan = plans.BenchmarkPlan(
         bench_name=args.bench, count=None if args.all else args.questions, temperatures=temperatures,
         methods=tuple(args.methods.split(",")), trees=tuple(args.trees), drafter=args.scheme, verifier=args.verifier,
         sampling_pair=args.sampling_pair, sampling_tree=args.sampling_tree, draft_vocab=args.draft_vocab,
@@ -75,9 +76,9 @@ def run(args) -> None:
     # One writer a run: the main process locks it (the others write shards of their own), from before the model
     # loads until the page is written.
     with options.run_lock(args, name) if state.is_main_process else contextlib.nullcontext():
-        result = suite.run_benchmark(Path(args.out), Path(args.answers), plan,
-                                     (state.process_index, state.num_processes), state.wait_for_everyone,
-                                     getattr(args, "command_line", None))
+        result = benchmark_run.run_benchmark(Path(args.out), Path(args.answers), plan,
+                                             (state.process_index, state.num_processes), state.wait_for_everyone,
+                                             getattr(args, "command_line", None))
     if result is None:
         return
     stem = Path(args.out) / result["name"]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .. import graphs, kernels, models, validate
 from ..errors import UsageError
-from ..suite import METHODS  # the methods every subcommand offers, defined once
+from ..benchmark.plans import METHODS  # the methods every subcommand offers, defined once
 
 DTYPE_HELP = "float32, bfloat16 (default) or float16"
 
@@ -114,8 +114,9 @@ def eagle() -> argparse.ArgumentParser:
     group.add_argument("--ea-model", default=None,
                        help="EAGLE head folder or hub id (default: the shipped head; 'random': an untrained one)")
     group.add_argument("--tree", default="eagle_default",
-                       help="a tree name, chainN, a .json file, or a dynamic tree (eagle2, opt_tree); "
-                            "+lookup[N] adds prompt-lookup drafts")
+                       help="a tree name (shipped, or tree_configs/NAME.json under the working directory; one "
+                            "that differs from the shipped tree of its name is refused: give its path), chainN, a "
+                            ".json file, or a dynamic tree (eagle2, opt_tree); +lookup[N] adds prompt-lookup drafts")
     group.add_argument("--drafter", dest="scheme", default="topk", help="drafting scheme (`eagle-mdsd pairs`)")
     group.add_argument("--verifier", default="topk", help="verifier (`eagle-mdsd pairs`)")
     group.add_argument("--draft-vocab", type=draft_vocab, default="auto", help=DRAFT_VOCAB_HELP)

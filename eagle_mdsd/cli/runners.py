@@ -38,14 +38,15 @@ def build(args, device=None):
     prompt_lookup); the options are checked before the model loads."""
     from transformers.utils import logging as hf_logging
 
-    from .. import head, models, suite
+    from .. import head, models
+    from ..benchmark import plans, runners
 
     engine.check_temperature(args.temperature, "--temperature")
     check_method_options(args)
     tree = topology(args) if args.method == "eagle" else None
     if tree is not None:
         verification.check_pair(args.scheme, args.verifier)
-        suite.check_fits(tree, args.scheme, args.verifier)
+        plans.check_fits(tree, args.scheme, args.verifier)
         if args.ea_model is None and args.base_model not in (None, models.EMBEDDED):
             raise UsageError(f"--ea-model is required with --base-model {args.base_model}: give the folder or hub "
                              "id of an EAGLE-1 head trained for it, or --ea-model random")
@@ -60,7 +61,7 @@ def build(args, device=None):
     if args.method == "eagle":
         draft_head = (head.random_head(target, seed=args.seed) if args.ea_model == "random"
                       else head.load_head(args.ea_model or models.DEFAULT_HEAD, target))
-    runner = suite.make_runner(args.method, target, tokenizer, draft_head, tree, args.scheme, args.verifier,
-                               args.draft_vocab, args.kernels, args.cuda_graphs)
+    runner = runners.make_runner(args.method, target, tokenizer, draft_head, tree, args.scheme, args.verifier,
+                                 args.draft_vocab, args.kernels, args.cuda_graphs)
     return runner, tokenizer
 

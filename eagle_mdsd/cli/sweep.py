@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import dynamic, models, suite, validate, verification
+from .. import dynamic, models, validate, verification
+from ..benchmark import plans, sweep
 from ..errors import UsageError
 from . import options
 
@@ -37,11 +38,11 @@ def run(args) -> None:
         dynamic.load(tree)
     for scheme, verifier in pairs or ():
         verification.check_pair(scheme, verifier)
-    plan = suite.SweepPlan(
+    plan = plans.SweepPlan(
         trees=tuple(args.trees), temperatures=temperatures, pairs=pairs, bench_name=args.bench, count=args.questions,
         turns=args.turns or None, max_new_tokens=args.max_new_tokens, draft_vocab=args.draft_vocab,
         kernels_choice=args.kernels, cuda_graphs=args.cuda_graphs, dtype=args.dtype, device=args.device,
         seed=args.seed, name=options.run_name(args, "sweep"), new_run=not args.resume)
     with options.run_lock(args, plan.name):
-        md = suite.sweep(Path(args.out), Path(args.answers), plan, getattr(args, "command_line", None))
+        md = sweep.sweep(Path(args.out), Path(args.answers), plan, getattr(args, "command_line", None))
     print(md.read_text())

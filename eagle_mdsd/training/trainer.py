@@ -182,41 +182,15 @@ def train(out_dir: Path, recipe: TrainRecipe = TrainRecipe(), base_model=None, d
     out_dir.mkdir(parents=True, exist_ok=True)
     target, _ = models.load_target(base_model, torch.float32, device)
     target.requires_grad_(False)
-    embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
-    rows = torch.arange(target.config.vocab_size, device=device)
-    if recipe.draft_vocab is not None and recipe.draft_vocab < target.config.vocab_size:
-        rows = torch.tensor(sorted(rank_tokens(shards, target.config.vocab_size)[: recipe.draft_vocab]),
-                            device=device)
-        lm_head = draft_vocab_lm_head(lm_head, rows)
+    rows, lm_head = _draft_rows(target, shards, recipe, device)
     draft_head, layers = _start_head(target, rows, recipe)
     optimizer = torch.optim.AdamW(draft_head.parameters(), lr=recipe.lr, betas=(0.9, 0.95), weight_decay=0.0)
     checkpoint = out_dir / "checkpoint.pt"
     state = {"step": 0, "epoch": 0, "batch_in_epoch": 0, **recipe.saved(), "log": []}
     if checkpoint.exists():
-        saved = torch.load(checkpoint, weights_only=False)
-        check_resumable(checkpoint, saved["state"], recipe)
-        draft_head.load_state_dict(saved["head"])
-        if layers is not None and not torch.equal(draft_head.target_ids(), rows):
-            raise UsageError(f"{checkpoint} drafts over the --draft-vocab most frequent answer tokens of its data "
-                             f"then, which the data's shards no longer give: resume it on the same shards, or use "
-                             f"another --run")
-        optimizer.load_state_dict(saved["optimizer"])
-        state = saved["state"]
-        if "rng" in saved:  # the feature noise continues as if never interrupted
-            torch.set_rng_state(saved["rng"])
-    total_batches = sum(1 for _ in _batches(shards, recipe.tokens_per_batch, random.Random(recipe.seed)))
-    if not total_batches:
-        raise UsageError(f"no answer of 2 tokens or more in the data shards of {out_dir}: make the data with a "
-                         f"larger --max-new-tokens")
-    total_steps = max(1, int(total_batches * recipe.epochs))
+        state = _resume(checkpoint, recipe, draft_head, optimizer, rows, layers)
+    total_steps = _total_steps(shards, recipe, out_dir)
     deadline = time.monotonic() + 60 * max_minutes if max_minutes else None
-
-    def save():
-        staging = checkpoint.with_suffix(".tmp")
-        torch.save({"head": draft_head.state_dict(), "optimizer": optimizer.state_dict(), "state": state,
-                    "rng": torch.get_rng_state()}, staging)
-        os.replace(staging, checkpoint)
-
     progress = tqdm(total=total_steps, initial=state["step"], desc="train head")
     started, tokens_seen, scheduled = time.monotonic(), 0, state.get("scheduled_s", 0.0)
     feature_target = FeatureTargets(target, base_model, device)
@@ -229,28 +203,87 @@ def train(out_dir: Path, recipe: TrainRecipe = TrainRecipe(), base_model=None, d
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(recipe.lr, state["step"], along)
         tokens_seen += sum(len(sample["ids"]) for sample in batch)
-        features, tokens, targets, mask = _training_batch(batch, feature_target, target.config.hidden_size, device,
-                                                          layers)
-        with torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16, enabled=recipe.bf16):
-            loss, accuracy = head_loss(draft_head, embed, lm_head, features, tokens, targets, mask,
-                                       unroll=recipe.unroll, token_weight=recipe.token_weight,
-                                       token_loss=recipe.token_loss)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(draft_head.parameters(), 0.5)
-        optimizer.step()
+        training_batch = _training_batch(batch, feature_target, target.config.hidden_size, device, layers)
+        loss, accuracy = _step(draft_head, optimizer, (target.get_input_embeddings(), lm_head), training_batch,
+                               recipe, device)
         state["step"] += 1
         state["batch_in_epoch"] = index + 1
-        state["log"].append({"step": state["step"], "loss": loss.item(), "top1": accuracy})
+        state["log"].append({"step": state["step"], "loss": loss, "top1": accuracy})
         progress.update(1)
-        progress.set_postfix(loss=f"{loss.item():.4f}", top1=f"{accuracy:.3f}")
+        progress.set_postfix(loss=f"{loss:.4f}", top1=f"{accuracy:.3f}")
         if state["step"] % save_every == 0:
-            save()
+            _save(checkpoint, draft_head, optimizer, state)
     progress.close()
-    seconds = time.monotonic() - started
+    _report_rate(state, time.monotonic() - started, tokens_seen, recipe, device)
+    _save(checkpoint, draft_head, optimizer, state)
+    return state
+
+
+def _draft_rows(target, shards: list[Path], recipe: TrainRecipe, device: str):
+    """(the vocabulary rows the head drafts over, the output layer over them): every row, or with
+    recipe.draft_vocab the most frequent answer tokens of the data's shards."""
+    lm_head = target.get_output_embeddings()
+    rows = torch.arange(target.config.vocab_size, device=device)
+    if recipe.draft_vocab is not None and recipe.draft_vocab < target.config.vocab_size:
+        rows = torch.tensor(sorted(rank_tokens(shards, target.config.vocab_size)[: recipe.draft_vocab]),
+                            device=device)
+        lm_head = draft_vocab_lm_head(lm_head, rows)
+    return rows, lm_head
+
+
+def _resume(checkpoint: Path, recipe: TrainRecipe, draft_head, optimizer, rows: torch.Tensor, layers) -> dict:
+    """The head, optimizer and random state of `checkpoint` restored in place; returns the run's saved state.
+    A checkpoint made with another recipe, or over draft rows the shards no longer give, is a one-line error."""
+    saved = torch.load(checkpoint, weights_only=False)
+    check_resumable(checkpoint, saved["state"], recipe)
+    draft_head.load_state_dict(saved["head"])
+    if layers is not None and not torch.equal(draft_head.target_ids(), rows):
+        raise UsageError(f"{checkpoint} drafts over the --draft-vocab most frequent answer tokens of its data "
+                         f"then, which the data's shards no longer give: resume it on the same shards, or use "
+                         f"another --run")
+    optimizer.load_state_dict(saved["optimizer"])
+    if "rng" in saved:  # the feature noise continues as if never interrupted
+        torch.set_rng_state(saved["rng"])
+    return saved["state"]
+
+
+def _total_steps(shards: list[Path], recipe: TrainRecipe, out_dir: Path) -> int:
+    """The steps of recipe.epochs over the shards' batches; shards without a trainable answer: a one-line error."""
+    total_batches = sum(1 for _ in _batches(shards, recipe.tokens_per_batch, random.Random(recipe.seed)))
+    if not total_batches:
+        raise UsageError(f"no answer of 2 tokens or more in the data shards of {out_dir}: make the data with a "
+                         f"larger --max-new-tokens")
+    return max(1, int(total_batches * recipe.epochs))
+
+
+def _step(draft_head, optimizer, layers_of_target, training_batch, recipe: TrainRecipe,
+          device: str) -> tuple[float, float]:
+    """One optimizer step on one batch (features, tokens, targets, mask) through the target's (embedding,
+    output layer); returns its (loss, top-1 accuracy)."""
+    embed, lm_head = layers_of_target
+    features, tokens, targets, mask = training_batch
+    with torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16, enabled=recipe.bf16):
+        loss, accuracy = head_loss(draft_head, embed, lm_head, features, tokens, targets, mask,
+                                   unroll=recipe.unroll, token_weight=recipe.token_weight,
+                                   token_loss=recipe.token_loss)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(draft_head.parameters(), 0.5)
+    optimizer.step()
+    return loss.item(), accuracy
+
+
+def _save(checkpoint: Path, draft_head, optimizer, state: dict) -> None:
+    """The head, optimizer, state and random state into `checkpoint`, whole or not at all."""
+    staging = checkpoint.with_suffix(".tmp")
+    torch.save({"head": draft_head.state_dict(), "optimizer": optimizer.state_dict(), "state": state,
+                "rng": torch.get_rng_state()}, staging)
+    os.replace(staging, checkpoint)
+
+
+def _report_rate(state: dict, seconds: float, tokens_seen: int, recipe: TrainRecipe, device: str) -> None:
+    """Add this call's seconds to the state's wall time and print its training tokens/s."""
     state["wall_time_s"] = state.get("wall_time_s", 0.0) + seconds
     if tokens_seen:  # the rate that sizes a run on another machine or batch
         print(f"train stage: {tokens_seen} tokens in {seconds:.0f} s: {tokens_seen / seconds:.0f} training "
               f"tokens/s at {recipe.tokens_per_batch} tokens a batch on {device}")
-    save()
-    return state
