@@ -362,6 +362,15 @@ def test_a_resumed_run_describes_its_table_and_fresh_runs_never_overwrite(monkey
     assert str(tmp_path / "answers" / "s" / "settings.json") in line
 
 
+@covers("baseline-page")
+def test_a_page_without_eagle_describes_no_tree(monkeypatch, tiny_chat, tmp_path, capsys):
+    _tiny_benchmark(monkeypatch, tiny_chat)
+    assert run(_benchmark(tmp_path, "--questions", "1", "--name", "b"), capsys)[0] == 0
+    page = (tmp_path / "pages" / "b.md").read_text()
+    assert not [word for word in ("EAGLE:", "EAGLE and", "tree", "drafter", "verifier") if word in page], page
+    assert says("baseline-page") in page
+
+
 @covers("run-race")
 def test_two_runs_with_one_name_never_share_a_folder(monkeypatch, tmp_path, capsys):
     """The name is checked first; the other run makes the folder while this one reads its questions."""
