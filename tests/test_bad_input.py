@@ -564,6 +564,25 @@ def test_a_second_writer_of_an_answer_file_is_told_who_holds_it(tiny_chat, tmp_p
     assert [p.name for p in tmp_path.iterdir()] == ["a.jsonl"]  # the lock file gone with it
 
 
+@covers("train-run-locked", "train-all")
+def test_one_train_head_stage_writes_a_run_at_a_time_and_all_stages_end_in_export(tmp_path, monkeypatch, capsys):
+    import os
+
+    from eagle_mdsd import locks, training
+
+    done = []
+    monkeypatch.setattr(training, "self_prompts", lambda run, *args, **kwargs: pytest.fail("the stage ran"))
+    with locks.held(tmp_path / "run", "run", "run again"):
+        line = one_line_error(["train-head", "prompts", "--run", tmp_path / "run"], capsys, "train-run-locked")
+    assert f"process {os.getpid()}" in line
+    monkeypatch.setattr(training, "make_data", lambda *args, **kwargs: done.append("data") or [])
+    monkeypatch.setattr(training, "train", lambda *args, **kwargs: done.append("train") or {"log": [], "step": 0})
+    monkeypatch.setattr(training, "export", lambda run, to, *args, **kwargs: done.append("export") or to)
+    assert cli.main(["train-head", "all", "--run", str(tmp_path / "run")]) == 0
+    assert done == ["data", "train", "export"] and says("train-all") in capsys.readouterr().out
+    assert not (tmp_path / ".run.lock").exists()
+
+
 @covers("run-locked", "sigterm-benchmark")
 def test_two_processes_on_one_run_one_answers_and_the_other_is_refused(tmp_path):
     """Two real processes: the first answers run r, the second (`--resume r`) is refused naming the first; SIGTERM
