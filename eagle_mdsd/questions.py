@@ -33,7 +33,13 @@ def _turns(record, where: str) -> list[str]:
     fault = validate.record_fault(record, SCHEMA)
     if fault:
         raise UsageError(f"{where} is not a question ({fault}): {EXAMPLE}")
-    return record["turns"] if "turns" in record else [record["prompt"]]
+    turns = record["turns"] if "turns" in record else [record["prompt"]]
+    for number, turn in enumerate(turns, 1):
+        fault = validate.not_utf8(turn)
+        if fault:
+            raise UsageError(f"{where}, turn {number} holds {fault}, which is not UTF-8 text: write the turn as "
+                             f"UTF-8 text")
+    return turns
 
 
 def from_file(path: Path) -> list[dict]:

@@ -13,6 +13,12 @@ A file whose rows record different settings (`bench` refuses to write one, a
 hand-joined file can hold one) is refused unless `mixed_settings` asks to
 average them; rows without settings (files written before rows recorded
 them) count as one setting of their own, so an older file reads as before.
+
+A ratio between two files (a speedup over the baseline, a paired tau) is made
+only between answers of the same base model, dtype, temperature, token limit,
+turns and bench (the same question ids in the same categories): a difference
+is refused unless `across` names it, and then the page says it.  A setting a
+row does not record (an older file) is not compared.
 """
 
 from __future__ import annotations
@@ -151,21 +157,64 @@ def one_setting(rows: list[dict], answer_file: Path, mixed_settings: bool = Fals
     return rows
 
 
+COMPARED = ("base_model", "dtype", "temperature", "max_new_tokens", "turns")  # what a ratio holds equal
+ACROSS = COMPARED + ("bench",)  # the differences `across` can name
+
+
+def differences(rows: list[dict], other_rows: list[dict]) -> dict[str, tuple]:
+    """{setting: (its value in rows, in other_rows)} where two files' answers differ: the COMPARED settings both
+    record (their first rows'), and 'bench' where a question id of both stands in two categories."""
+    mine, theirs = rows[0].get("settings") or {}, other_rows[0].get("settings") or {}
+    found = {key: (mine[key], theirs[key]) for key in COMPARED if key in mine and key in theirs
+             and mine[key] != theirs[key]}
+    categories = {row["question_id"]: row.get("category") for row in other_rows}
+    for row in rows:
+        other = categories.get(row["question_id"])
+        if other and row.get("category") and row["category"] != other:
+            found["bench"] = (f"question {row['question_id']} in {row['category']}", f"in {other}")
+            break
+    return found
+
+
+def comparable(path: Path, rows: list[dict], other: Path, other_rows: list[dict], what: str,
+               across: tuple = ()) -> list[str]:
+    """The page's notes on how `path`'s answers differ from `other`'s (the `what` they are compared with) in
+    the settings `across` names; a one-line error on any other difference."""
+    found = differences(rows, other_rows)
+    refused = [key for key in found if key not in across]
+    if refused:
+        said = "; ".join(f"{key} ({_shown(found[key][0])} against {_shown(found[key][1])})" for key in refused)
+        raise UsageError(f"answer file {path} and {what} {other} differ in {said}, so a ratio between them would "
+                         f"measure that too: compare answers made alike, or pass --across {','.join(refused)} to "
+                         f"compare them anyway")
+    return [f"{Path(path).name} against {what} {Path(other).name}: compared across a different {key} "
+            f"({_shown(found[key][0])} against {_shown(found[key][1])})." for key in found]
+
+
+def _shown(value) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
 def summarise(answer_file: Path) -> dict[str, dict]:
     """Totals (tau, tokens/s, ...) per category and overall ('all') of one answer file."""
     return {name: _totals(group) for name, group in _by_category(bench.read_rows(answer_file)).items()}
 
 
 def compare(answer_files: list[Path], baseline: Path | None = None, labels: list[str] | None = None,
-            paired: bool = False, window: int | None = None, mixed_settings: bool = False) -> list[dict]:
+            paired: bool = False, window: int | None = None, mixed_settings: bool = False,
+            across: tuple = ()) -> list[dict]:
     """One entry per answer file: its label and, per category, totals and the speedup over `baseline`; with
     `paired`, each drafting file's tau per question against the first drafting file's (`paired_tau`); with
     `window`, each drafting file's tau by position in the answer (`tau_by_position`, all categories).  A file of
-    several settings is refused unless `mixed_settings` (`one_setting`)."""
+    several settings is refused unless `mixed_settings` (`one_setting`), and a ratio between files of different
+    settings unless `across` names the difference (`comparable`; the entry's 'across' notes say it)."""
     if window is not None and window < 1:
         raise UsageError(f"--window is {window}: pass a number of tokens of 1 or more")
-    base_rows = {r["question_id"]: r for r in one_setting(bench.read_rows(baseline), baseline, mixed_settings)
-                 } if baseline else {}
+    unknown = [key for key in across if key not in ACROSS]
+    if unknown:
+        raise UsageError(f"--across {','.join(unknown)}: name settings among {', '.join(ACROSS)}")
+    base_list = one_setting(bench.read_rows(baseline), baseline, mixed_settings) if baseline else []
+    base_rows = {r["question_id"]: r for r in base_list}
     if baseline and not base_rows:
         raise UsageError(f"baseline answer file {baseline} is missing or empty: run its benchmark first")
     entries, taus = [], []
@@ -173,6 +222,7 @@ def compare(answer_files: list[Path], baseline: Path | None = None, labels: list
         rows = one_setting(bench.read_rows(path), path, mixed_settings)
         if not rows:
             raise UsageError(f"answer file {path} is missing or empty: run `eagle-mdsd bench` to write it")
+        notes = comparable(path, rows, baseline, base_list, "baseline", across) if baseline else []
         categories = {}
         for name, group in _by_category(rows).items():
             totals = _totals(group)
@@ -186,12 +236,16 @@ def compare(answer_files: list[Path], baseline: Path | None = None, labels: list
             categories[name] = totals
         label = labels[i] if labels else rows[0].get("model_id") or Path(path).stem
         entries.append({"label": label, "file": str(path), "categories": categories,
-                        "question_tokens_per_s": question_rates(rows)})
+                        "question_tokens_per_s": question_rates(rows)} | ({"across": notes} if notes else {}))
         if paired and "acceptance_by_depth" in categories["all"]:  # a file that drafted
-            taus.append((entries[-1], question_tau(rows)))
+            if taus:
+                first = taus[0][0]["file"]
+                entries[-1].setdefault("across", []).extend(
+                    comparable(path, rows, first, taus[0][2], "the paired file", across))
+            taus.append((entries[-1], question_tau(rows), rows))
         if window and "acceptance_by_depth" in categories["all"]:
             entries[-1]["tau_by_position"] = {"window": window, "windows": tau_by_position(rows, window)}
-    for entry, tau in taus[1:]:
+    for entry, tau, _ in taus[1:]:
         entry["paired_tau"] = {"against": taus[0][0]["label"], **paired_tau(taus[0][1], tau)}
     return entries
 
@@ -343,15 +397,18 @@ def bar_chart(entries: list[dict], png: Path, baseline: Path | None = None) -> P
 
 def write(answer_files: list[Path], out: Path, baseline: Path | None = None, title: str = "",
           labels: list[str] | None = None, paired: bool = False, window: int | None = None,
-          mixed_settings: bool = False) -> tuple[Path, Path]:
+          mixed_settings: bool = False, across: tuple = ()) -> tuple[Path, Path]:
     """out.md (the tables) and out.png (the chart), each written whole, the page last: an interrupted report
-    leaves the earlier page as it was."""
-    entries = compare(answer_files, baseline, labels, paired, window, mixed_settings)
+    leaves the earlier page as it was.  The page says every difference `across` let through."""
+    entries = compare(answer_files, baseline, labels, paired, window, mixed_settings, across)
     out = Path(out)
     if not out.name or out.is_dir() or out.with_suffix(".md").is_dir():
         raise UsageError(f"--out {out} is a folder: give a path and file stem such as {out / 'report'}")
     text = (f"# {title}\n\n" if title else "") + markdown(entries)
     if baseline is not None:
         text += f"\nSpeedup = tokens/s over tokens/s of `{Path(baseline).name}` on the same questions.\n"
+    notes = [note for entry in entries for note in entry.get("across", [])]
+    if notes:
+        text += "\nNot alike: " + " ".join(notes) + "\n"
     png = bar_chart(entries, out.with_suffix(".png"), baseline)
     return outputs.write_atomically(out.with_suffix(".md"), text), png

@@ -57,6 +57,18 @@ def device_or_auto(text: str) -> str:
     raise argparse.ArgumentTypeError(f"unknown device {text!r}: use cpu, cuda, cuda:N or auto")
 
 
+def not_utf8(text: str) -> str | None:
+    """Where `text` holds what is no UTF-8 text, or None: a byte of the command line that is no UTF-8 (Python
+    keeps it as a lone surrogate), or a lone surrogate a JSON file escaped ("\\udcff"); a tokenizer fails on
+    either."""
+    for position, char in enumerate(text, 1):
+        if "\ud800" <= char <= "\udfff":
+            what = (f"byte 0x{ord(char) - 0xdc00:02x}" if "\udc80" <= char <= "\udcff"
+                    else f"a lone surrogate \\u{ord(char):04x}")
+            return f"{what} at character {position}"
+    return None
+
+
 # Checks of one decoded JSON value: True when it is of the kind the field wants.
 def is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)

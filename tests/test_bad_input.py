@@ -56,7 +56,7 @@ def run(argv, capsys) -> tuple[int, str]:
 def one_line_error(argv, capsys, row: str | None = None) -> str:
     """The error line of a refused command: exit code 2, one line on stderr, no traceback, the row's text."""
     code, err = run(argv, capsys)
-    lines = [line for line in err.splitlines() if line.strip()]
+    lines = [line for line in err.splitlines() if line.strip() and not re.search(r"\d+%\|", line)]  # (no tqdm bar)
     assert code == 2 and len(lines) == 1 and lines[0].startswith("eagle-mdsd"), err
     if row is not None:
         assert says(row) in lines[0], (says(row), lines[0])
@@ -362,6 +362,15 @@ def test_a_resumed_run_describes_its_table_and_fresh_runs_never_overwrite(monkey
     assert str(tmp_path / "answers" / "s" / "settings.json") in line
 
 
+@covers("baseline-page")
+def test_a_page_without_eagle_describes_no_tree(monkeypatch, tiny_chat, tmp_path, capsys):
+    _tiny_benchmark(monkeypatch, tiny_chat)
+    assert run(_benchmark(tmp_path, "--questions", "1", "--name", "b"), capsys)[0] == 0
+    page = (tmp_path / "pages" / "b.md").read_text()
+    assert not [word for word in ("EAGLE:", "EAGLE and", "tree", "drafter", "verifier") if word in page], page
+    assert says("baseline-page") in page
+
+
 @covers("run-race")
 def test_two_runs_with_one_name_never_share_a_folder(monkeypatch, tmp_path, capsys):
     """The name is checked first; the other run makes the folder while this one reads its questions."""
@@ -396,3 +405,324 @@ def test_every_row_of_the_doc_has_a_test_and_every_test_a_row():
     assert sorted(set(rows) - COVERED) == [], "rows of docs/bad-input.md without a test"
     assert sorted(COVERED - set(rows)) == [], "tests of rows docs/bad-input.md does not list"
     assert all(rows[row] for row in rows), "a row without a quoted error text"
+
+
+# Second round: one writer per run, SIGTERM, writes that fail, bytes that are not UTF-8, comparisons that cannot be
+# made.  (New modules are imported inside the tests.)
+
+def _utf8_question_file(tmp):
+    (tmp / "q.jsonl").write_text('{"turns": ["fine", "then \\udcff"]}\n')
+    return tmp / "q.jsonl"
+
+
+CASES_2 = {
+    "answer-device": lambda tmp: ["bench", "--method", "baseline", "--answer-file", "/dev/null"],
+    "prompt-bytes": lambda tmp: ["generate", "--prompt", "caf\udcc3 \udcff", "--ea-model", "random"],
+    "prompt-blank": lambda tmp: ["generate", "--prompt", " ", "--ea-model", "random"],
+    "question-bytes": lambda tmp: ["bench", "--method", "baseline", "--bench", _utf8_question_file(tmp)],
+}
+
+
+@covers(*CASES_2)
+@pytest.mark.parametrize("row", CASES_2)
+def test_odd_bytes_and_odd_files_are_one_line_before_the_model_loads(row, tmp_path, no_model, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    line = one_line_error(CASES_2[row](tmp_path), capsys, row)
+    assert "\udcff" not in line
+    if row == "question-bytes":
+        assert f"{tmp_path / 'q.jsonl'} line 1, turn 2" in line
+    assert not list(tmp_path.glob("runs"))  # nothing made
+
+
+@covers("read-device")
+def test_reading_a_device_or_a_pipe_as_an_answer_file_is_refused_without_reading_it(tmp_path):
+    """A pipe nobody writes blocks whoever opens it, and /dev/full reads without end: both are refused unopened
+    (a real process, so that a hang is a timeout here)."""
+    import os
+    import subprocess
+    import sys
+
+    pipe = tmp_path / "a.jsonl"
+    os.mkfifo(pipe)
+    for answers in (pipe, "/dev/full"):
+        done = subprocess.run([sys.executable, "-m", "eagle_mdsd.cli", "report", str(answers), "--out",
+                               str(tmp_path / "r")], capture_output=True, text=True, timeout=120)
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2 and len(lines) == 1 and says("read-device") in lines[0], done.stderr
+        assert str(answers) in lines[0]
+
+
+def _full_disk(monkeypatch):
+    """Every os.write fails as on a full disk."""
+    import errno
+    import os
+
+    def full(descriptor, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "write", full)
+
+
+@covers("disk-full-report")
+def test_a_full_disk_under_a_report_keeps_the_earlier_page_and_leaves_no_file(tmp_path, monkeypatch, capsys):
+    answers = _jsonl(tmp_path / "a.jsonl", [_row(81), _row(91)])
+    (tmp_path / "r.md").write_text("# the earlier page\n")
+    _full_disk(monkeypatch)
+    line = one_line_error(["report", answers, "--out", tmp_path / "r"], capsys, "disk-full-report")
+    assert str(tmp_path / "r.") in line and "No space left on device" in line
+    assert (tmp_path / "r.md").read_text() == "# the earlier page\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl", "r.md"]
+
+
+@covers("disk-full-answers")
+def test_a_full_disk_under_bench_leaves_no_empty_answer_file(tiny_chat, tmp_path, monkeypatch, capsys):
+    answers = tmp_path / "a.jsonl"
+    _full_disk(monkeypatch)
+    line = one_line_error(_bench(tiny_chat, answers), capsys, "disk-full-answers")
+    assert str(answers) in line and not answers.exists()
+    assert [p.name for p in tmp_path.iterdir()] == []  # nor a lock file
+
+
+@covers("read-only-folder")
+def test_a_folder_that_cannot_be_written_is_one_line(tmp_path, monkeypatch, capsys):
+    import errno
+    import tempfile
+
+    def refused(*args, **kwargs):
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    answers = _jsonl(tmp_path / "a.jsonl", [_row(81)])
+    monkeypatch.setattr(tempfile, "mkstemp", refused)
+    line = one_line_error(["report", answers, "--out", tmp_path / "ro" / "r"], capsys, "read-only-folder")
+    assert f"cannot write {tmp_path / 'ro' / 'r'}" in line and "Permission denied" in line
+
+
+@covers("cache-unwritable", "cache-fallback")
+def test_an_unwritable_cache_falls_back_to_the_temp_folder_or_names_the_variables(tiny_chat, tmp_path, monkeypatch,
+                                                                                  capsys):
+    import errno
+    import tempfile
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    monkeypatch.delenv("EAGLE_MDSD_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home" / ".cache"))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(models, "_convert_embedded", lambda: (AutoModelForCausalLM.from_pretrained(tiny_chat),
+                                                              AutoTokenizer.from_pretrained(tiny_chat)))
+    make_folder, unwritable = tempfile.mkdtemp, [tmp_path / "home"]
+
+    def read_only(*args, dir=None, **kwargs):
+        if any(Path(dir).is_relative_to(place) for place in unwritable):
+            raise PermissionError(errno.EACCES, "Permission denied")
+        return make_folder(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(tempfile, "mkdtemp", read_only)
+    folder = models._embedded_folder()
+    assert folder.is_relative_to(tmp_path / "tmp") and (folder / "config.json").exists()
+    assert says("cache-fallback") in capsys.readouterr().err
+    assert models._embedded_folder() == folder  # found there next time
+    shutil.rmtree(folder)
+    unwritable.append(tmp_path / "tmp")
+    line = one_line_error(["generate", "--prompt", "hi", "--ea-model", "random", "--max-new-tokens", "1"], capsys,
+                          "cache-unwritable")
+    assert str(tmp_path / "home" / ".cache" / "eagle-mdsd") in line
+
+
+@covers("report-unlike", "report-across")
+def test_report_refuses_a_speedup_over_answers_made_otherwise_unless_asked(tmp_path, capsys):
+    alike = {"method": "eagle", "temperature": 0.0, "max_new_tokens": 128, "base_model": "embedded"}
+    eagle = _jsonl(tmp_path / "eagle.jsonl", [_row(81, settings=alike), _row(91, settings=alike)])
+    base = _jsonl(tmp_path / "base.jsonl", [_row(81, settings=alike | {"method": "baseline", "base_model": "gpt2"}),
+                                            _row(91, settings=alike | {"method": "baseline", "base_model": "gpt2"})])
+    line = one_line_error(["report", eagle, "--baseline", base, "--out", tmp_path / "r"], capsys, "report-unlike")
+    assert "differ in base_model (embedded against gpt2)" in line and "--across base_model" in line
+    assert not (tmp_path / "r.md").exists()
+    assert run(["report", eagle, "--baseline", base, "--out", tmp_path / "r", "--across", "base_model"], capsys)[0] == 0
+    assert says("report-across") in (tmp_path / "r.md").read_text()
+    other_bench = _jsonl(tmp_path / "other.jsonl", [_row(81, settings=alike | {"method": "baseline"}) | {
+        "category": "coding"}])
+    line = one_line_error(["report", eagle, "--baseline", other_bench, "--out", tmp_path / "s"], capsys)
+    assert "differ in bench (question 81 in writing against in coding)" in line
+    same = _jsonl(tmp_path / "same.jsonl", [_row(81, settings=alike | {"method": "baseline"})])
+    assert run(["report", eagle, "--baseline", same, "--out", tmp_path / "t"], capsys)[0] == 0
+    assert "Not alike" not in (tmp_path / "t.md").read_text()
+
+
+@covers("answer-locked")
+def test_a_second_writer_of_an_answer_file_is_told_who_holds_it(tiny_chat, tmp_path, capsys):
+    import os
+
+    from eagle_mdsd import locks
+
+    answers = tmp_path / "a.jsonl"
+    with locks.held(answers, "answer file", "run again"):
+        line = one_line_error(_bench(tiny_chat, answers), capsys, "answer-locked")
+    assert f"process {os.getpid()}" in line and not answers.exists()
+    assert run(_bench(tiny_chat, answers), capsys)[0] == 0  # once it ends
+    assert [p.name for p in tmp_path.iterdir()] == ["a.jsonl"]  # the lock file gone with it
+
+
+@covers("train-run-locked", "train-all")
+def test_one_train_head_stage_writes_a_run_at_a_time_and_all_stages_end_in_export(tmp_path, monkeypatch, capsys):
+    import os
+
+    from eagle_mdsd import locks, training
+
+    done = []
+    monkeypatch.setattr(training, "self_prompts", lambda run, *args, **kwargs: pytest.fail("the stage ran"))
+    with locks.held(tmp_path / "run", "run", "run again"):
+        line = one_line_error(["train-head", "prompts", "--run", tmp_path / "run"], capsys, "train-run-locked")
+    assert f"process {os.getpid()}" in line
+    monkeypatch.setattr(training, "make_data", lambda *args, **kwargs: done.append("data") or [])
+    monkeypatch.setattr(training, "train", lambda *args, **kwargs: done.append("train") or {"log": [], "step": 0})
+    monkeypatch.setattr(training, "export", lambda run, to, *args, **kwargs: done.append("export") or to)
+    assert cli.main(["train-head", "all", "--run", str(tmp_path / "run")]) == 0
+    assert done == ["data", "train", "export"] and says("train-all") in capsys.readouterr().out
+    assert not (tmp_path / ".run.lock").exists()
+
+
+@covers("run-locked", "sigterm-benchmark")
+def test_two_processes_on_one_run_one_answers_and_the_other_is_refused(tmp_path):
+    """Two real processes: the first answers run r, the second (`--resume r`) is refused naming the first; SIGTERM
+    then stops the first with Ctrl-C's line and the command that continues."""
+    import signal
+    import subprocess
+    import sys
+
+    def benchmark(*options):
+        return [sys.executable, "-m", "eagle_mdsd.cli", "benchmark", "--methods", "baseline", "--temperatures", "0",
+                "--questions", "8", "--max-new-tokens", "128", "--answers", str(tmp_path), "--out", str(tmp_path),
+                *options]
+
+    log = (tmp_path / "first.log").open("w")
+    first = subprocess.Popen(benchmark("--name", "r"), stdout=subprocess.DEVNULL, stderr=log)
+    lock = tmp_path / ".r.lock"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and first.poll() is None and not (
+            lock.exists() and lock.read_text().strip() == str(first.pid)):
+        time.sleep(0.05)
+    try:
+        second = subprocess.run(benchmark("--resume", "r"), capture_output=True, text=True, timeout=300)
+        assert first.poll() is None, "the first run ended before the second started"
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.wait(timeout=300)
+        log.close()
+    err = (tmp_path / "first.log").read_text()
+    lines = second.stderr.strip().splitlines()
+    assert second.returncode == 2 and len(lines) == 1 and says("run-locked") in lines[0], second.stderr
+    assert f"process {first.pid}" in lines[0]
+    stopped = [line for line in err.splitlines() if line.startswith("eagle-mdsd")]
+    assert first.returncode == 130 and len(stopped) == 1 and "Traceback" not in err, err
+    assert says("sigterm-benchmark") in stopped[0] and "--resume r" in stopped[0]
+    for answers in (tmp_path / "r").glob("*.jsonl"):
+        bench.read_rows(answers)  # no question twice
+    assert not lock.exists()
+
+
+def _sigterm(*args, **kwargs):
+    import os
+    import signal
+
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+SIGTERM_CASES = {  # command -> (argv from tmp_path and tiny_chat, what sends SIGTERM)
+    "bench": (lambda tmp, tiny: _bench(tiny, tmp / "a.jsonl", "--question-end", "2"), (bench, "answer")),
+    "sweep": (lambda tmp, tiny: ["sweep", "--trees", "chain2", "--pairs", "topk/topk", "--answers", tmp, "--out", tmp,
+                                 "--name", "s"], (models, "load_target")),
+    "train-head": (lambda tmp, tiny: ["train-head", "prompts", "--run", tmp / "run"], ("training", "self_prompts")),
+}
+
+
+@covers("sigterm")
+@pytest.mark.parametrize("command", SIGTERM_CASES)
+def test_sigterm_ends_like_ctrl_c(command, tiny_chat, tmp_path, monkeypatch, capsys):
+    import signal
+
+    from eagle_mdsd import training
+
+    argv, (owner, name) = SIGTERM_CASES[command]
+    monkeypatch.setattr(training if owner == "training" else owner, name, _sigterm)
+
+    def unhandled(*args):
+        raise RuntimeError("SIGTERM was not handled")
+
+    previous = signal.signal(signal.SIGTERM, unhandled)
+    try:
+        code, err = run(argv(tmp_path, tiny_chat), capsys)
+    finally:
+        restored = signal.signal(signal.SIGTERM, previous)
+    lines = [line for line in err.splitlines() if line.startswith("eagle-mdsd")]
+    assert code == 130 and len(lines) == 1 and lines[0].startswith(says("sigterm")), err
+    assert restored is unhandled  # the command put the handler back
+    if command == "sweep":
+        assert "--resume s" in lines[0]
+
+
+@covers("default-names")
+def test_fresh_runs_started_in_one_second_get_two_names(tmp_path):
+    import argparse
+
+    from eagle_mdsd.cli import options
+
+    args = argparse.Namespace(answers=str(tmp_path), resume=None, name=None)
+    names = {options.run_name(args, "benchmark") for _ in range(20)}
+    assert len(names) == 20 and says("default-names").startswith("DATE_HOST_TIME")
+
+
+@covers("umask")
+def test_pages_charts_and_summaries_follow_the_umask(tmp_path, capsys):
+    import os
+    import stat
+
+    from eagle_mdsd import outputs
+
+    answers = _jsonl(tmp_path / "a.jsonl", [_row(81)])
+    previous = os.umask(0o022)
+    try:
+        assert run(["report", answers, "--out", tmp_path / "r"], capsys)[0] == 0
+        written = [tmp_path / "r.md", tmp_path / "r.png", outputs.write_atomically(tmp_path / "s.json", "{}")]
+        os.umask(0o027)
+        written.append(outputs.write_atomically(tmp_path / "settings.json", "{}"))
+    finally:
+        os.umask(previous)
+    assert [oct(stat.S_IMODE(p.stat().st_mode)) for p in written] == ["0o644"] * 3 + ["0o640"]
+    assert says("umask") == "0644 under umask 022"
+
+
+@covers("device-no-gpu-run")
+def test_a_run_on_a_missing_gpu_leaves_no_folder(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for command in ("benchmark", "sweep"):
+        one_line_error([command, "--device", "cuda", "--name", "r", "--answers", tmp_path / command, "--out",
+                        tmp_path / command], capsys, "device-no-gpu-run")
+        assert not (tmp_path / command).exists() or not list((tmp_path / command).iterdir())
+
+
+@covers("prompts-budget")
+def test_the_prompts_stage_stops_before_a_batch_that_would_overrun(tmp_path, monkeypatch):
+    """--max-minutes 1.5 with batches of 40 s: two batches, then a third would end at 120 s, so it stops at 80 s."""
+    from types import SimpleNamespace
+
+    from eagle_mdsd import training
+    from test_training import _embedded_tokenizer, _talkative
+
+    tokenizer = _embedded_tokenizer()
+    _talkative(tmp_path / "model", tokenizer, monkeypatch)
+    clock = [0.0]
+    model = models.load_target()[0]
+    generate = model.generate
+
+    def slow_generate(*args, **kwargs):
+        clock[0] += 40.0
+        return generate(*args, **kwargs)
+
+    monkeypatch.setattr(model, "generate", slow_generate)
+    fake_time = SimpleNamespace(monotonic=lambda: clock[0])
+    for module in ("eagle_mdsd.training.budget", "eagle_mdsd.training.prompts"):
+        monkeypatch.setattr(f"{module}.time", fake_time, raising=False)
+    training.self_prompts(tmp_path / "run", 10_000, batch_size=4, max_tokens=8, max_minutes=1.5)
+    assert clock[0] == 80.0  # (90 s allowed)

@@ -1,7 +1,8 @@
 """The command line over generated bad input: malformed files of every kind it reads, odd JSON types, extreme
 numbers, missing paths and interrupted runs.
 
-Each example runs `cli.main` in this process.  It must end in one of three ways: exit code 2 with one line on
+Each example runs `cli.main` in this process; prompts of any bytes and odd paths (pipes, devices, folders, names
+of any bytes) are among the inputs.  It must end in one of three ways: exit code 2 with one line on
 stderr (bad input), exit code 0, or the point where the model would load (the input was accepted: a stand-in
 raises `ModelLoads` there, so no model loads in the loop).  Anything else - a traceback - fails the test.
 Outputs written before the command (an answer file, a page) must be byte for byte as they were.
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from eagle_mdsd import cli, head, models, outputs, report
+from eagle_mdsd import cli, head, models, outputs, report, validate
 from tiny import tiny_target
 
 # A fixed, small set of examples a test in the default suite; EAGLE_MDSD_FUZZ_EXAMPLES=N draws N fresh ones a test.
@@ -263,3 +264,50 @@ def test_an_interrupted_report_leaves_the_earlier_page_whole(step, data, monkeyp
             assert code == 130 and err.count("\n") == 1 and err.startswith("eagle-mdsd: interrupted:"), err
         assert (folder / "r.md").read_text() == "# the earlier page\n"
         assert sorted(p.name for p in folder.iterdir()) == ["a.jsonl", "r.md"]
+
+
+@EXAMPLES
+@given(prompt=st.one_of(st.binary(min_size=0, max_size=12).map(os.fsdecode), st.text(max_size=8)))
+def test_prompt_bytes(prompt, capsys):
+    """Any bytes as --prompt (the command line keeps those that are not UTF-8 as lone surrogates): bytes that are
+    not UTF-8, and a blank prompt, are refused before the model loads."""
+    result = outcome(["generate", "--prompt", prompt, "--ea-model", "random"], capsys)
+    assert result == ("error" if validate.not_utf8(prompt) or not prompt.strip() else "accepted")
+
+
+def _odd_path(folder: Path, kind: str, name: str) -> Path:
+    """A path of `kind` under `folder`: a pipe, a folder, a device, a path under a file, a name of any bytes."""
+    if kind == "pipe":
+        os.mkfifo(folder / "pipe.jsonl")
+        return folder / "pipe.jsonl"
+    if kind == "folder":
+        (folder / "dir.jsonl").mkdir()
+        return folder / "dir.jsonl"
+    if kind == "device":
+        return Path(name and "/dev/full" or "/dev/null")
+    if kind == "under-file":
+        return folder / "earlier.md" / "a.jsonl"
+    return folder / (name.replace("/", "_").replace("\0", "_") or "_")  # a name of any bytes or text
+
+
+ODD_PATHS = st.tuples(st.sampled_from(["pipe", "folder", "device", "under-file", "name"]),
+                      st.one_of(st.binary(max_size=10).map(os.fsdecode), st.text(max_size=10)))
+
+
+@EXAMPLES
+@given(path=ODD_PATHS, command=st.sampled_from(["bench", "report", "report-answers"]))
+def test_odd_paths(path, command, capsys):
+    """Odd paths to write (an answer file, a page) or read (answers): refused, accepted, or done; never a
+    traceback or a hang, and earlier files untouched."""
+    with tempfile.TemporaryDirectory() as folder:
+        folder, earlier = Path(folder), Earlier(Path(folder))
+        odd = _odd_path(folder, *path)
+        if command == "bench":
+            outcome(["bench", "--method", "baseline", "--question-end", "1", "--answer-file", odd], capsys)
+        elif command == "report":
+            if path[0] == "device":
+                return  # (a page beside a device would be written into /dev)
+            outcome(["report", earlier.answers, "--out", odd], capsys)
+        else:
+            outcome(["report", odd, "--out", folder / "r"], capsys)
+        assert earlier.untouched()

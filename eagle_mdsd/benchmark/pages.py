@@ -47,11 +47,13 @@ def sampled_note(result: dict) -> str:
     return f"; at T > 0 (static trees) {tree_part}drafter {sampled_drafter}, verifier {sampled_verifier}"
 
 
-def kernels_note(result: dict) -> str:
-    """The report's sentence on kernels (older runs recorded none: stock)."""
+def kernels_note(result: dict, with_eagle: bool = True) -> str:
+    """The report's sentence on kernels (older runs recorded none: stock); `with_eagle`: EAGLE ran beside
+    baseline."""
     if result.get("kernels", "stock") == "stock":
         return ""
-    return (" EAGLE and baseline ran their linear layers on prepacked oneDNN bf16 weights (--kernels packed: "
+    ours = "EAGLE and baseline ran their" if with_eagle else "baseline ran its"
+    return (f" {ours} linear layers on prepacked oneDNN bf16 weights (--kernels packed: "
             "faster; the stock kernels' outputs on decoding-sized inputs, a long prefill can round differently), "
             "the transformers peers on stock kernels, as users run them.")
 
@@ -90,24 +92,23 @@ def comparisons(entries: list[dict], temperature: float) -> list[str]:
 
 
 def _settings_paragraph(result: dict) -> str:
-    """The page's paragraph on the questions, EAGLE's settings, the columns and the warm-up."""
+    """The page's paragraph on the questions, EAGLE's settings (where EAGLE ran), the columns and the warm-up."""
     labels = {e["label"] for block in result["temperatures"].values() for e in block["entries"]}
     with_peer, with_compiled = PEER in labels, peers.COMPILED in labels
+    with_eagle = any(label == "eagle" or label.startswith("eagle[") for label in labels)
+    eagle = (f"; EAGLE: shipped head, tree(s) {', '.join(result['trees'])}, drafter {result['drafter']}, verifier "
+             f"{result['verifier']}{sampled_note(result)} (TREE@D/V: that tree's own pair), draft vocabulary "
+             f"{result.get('draft_vocab') or 'full'}" if with_eagle else "")
     return (f"Questions: {result['bench']} {', '.join(map(str, result['questions']))} (both turns), "
-            f"at most {result['max_new_tokens']} new tokens per turn; EAGLE: shipped head, tree(s) "
-            f"{', '.join(result['trees'])}, "
-            f"drafter {result['drafter']}, verifier {result['verifier']}"
-            f"{sampled_note(result)} (TREE@D/V: that tree's own pair), "
-            f"draft vocabulary "
-            f"{result.get('draft_vocab') or 'full'}. Methods ran question by question in turn "
-            f"in one process. Speedup = tokens/s over `baseline` (plain autoregressive decoding in the same loop) "
+            f"at most {result['max_new_tokens']} new tokens per turn{eagle}. Methods ran question by question in "
+            f"turn in one process. Speedup = tokens/s over `baseline` (plain autoregressive decoding in the same loop) "
             f"on the same questions; "
             + (f"x {PEER} = tokens/s over `{PEER}`'s (transformers `generate`; at T > 0 its plain sampling) in the "
                f"same run; " if with_peer else "")
             + (f"x {peers.COMPILED} = the same over `{peers.COMPILED}`'s (`generate` with a static cache and "
                f"torch.compile); " if with_compiled else "")
             + f"tau = new tokens / target forward passes after the prefill."
-            f"{kernels_note(result)}{warmup_note(result)}")
+            f"{kernels_note(result, with_eagle)}{warmup_note(result)}")
 
 
 def benchmark_markdown(result: dict, stem: str) -> str:

@@ -46,7 +46,7 @@ def row_settings(args):
 def run(args) -> None:
     from accelerate import PartialState
 
-    from .. import bench, models, questions, report
+    from .. import bench, locks, models, questions, report
 
     chosen = questions.select(args.bench, args.question_begin, args.question_end)
     # One process unless started by `accelerate launch` (GPUs) or `torchrun` (CPU processes, gloo).
@@ -57,14 +57,19 @@ def run(args) -> None:
     model_id = args.model_id or f"{models.model_name(args.base_model)}-{args.method}"
     answer_file = Path(args.answer_file or f"runs/bench/{args.bench}/{model_id}.jsonl")
     settings = row_settings(args)  # what every row records
-    bench.check_answer_file(answer_file, settings, chosen)  # before the model loads
-    runner, tokenizer = runners.build(args, device)
-    bench.run(runner, tokenizer, chosen, answer_file, model_id, settings, bench.fastchat_template(args.base_model),
-              process=(state.process_index, state.num_processes), command=args.command_line)
-    state.wait_for_everyone()
-    if not state.is_main_process:
-        return
-    bench.merge_shards(answer_file)
+    process = (state.process_index, state.num_processes)
+    # One writer a file: the main process locks the answer file (it merges the shards into it), the others their
+    # shards; from before the model loads to the end.
+    locked = answer_file if state.is_main_process else bench.target_file(answer_file, process)
+    with locks.held(locked, f"answer file {locked}", "run this command again"):
+        bench.check_answer_file(answer_file, settings, chosen)  # before the model loads
+        runner, tokenizer = runners.build(args, device)
+        bench.run(runner, tokenizer, chosen, answer_file, model_id, settings,
+                  bench.fastchat_template(args.base_model), process=process, command=args.command_line)
+        state.wait_for_everyone()
+        if not state.is_main_process:
+            return
+        bench.merge_shards(answer_file)
     summary = report.summarise(answer_file)
     print(json.dumps(summary["all"]) if args.json else
           "\n".join(f"{name:16s} questions {s['questions']:3d}  tau {s['tau']:.2f}  {s['tokens_per_s']:.1f} tokens/s"

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
-from .. import validate
+from .. import models, validate
 from ..benchmark import plans, run as benchmark_run
 from . import options
 
@@ -56,6 +57,7 @@ def run(args) -> None:
 
     temperatures = options.temperatures(args.temperatures)
     check_options(args, temperatures)
+    models.check_device(args.device)  # before the run's folder is made
     # One process unless started by `accelerate launch` (GPUs) or `torchrun` (CPU processes, gloo): then each
     # answers a share of the questions, and the first names the run and reports.
     state = PartialState(cpu=args.device == "cpu")
@@ -71,9 +73,12 @@ def run(args) -> None:
         sampling_pair=args.sampling_pair, sampling_tree=args.sampling_tree, draft_vocab=args.draft_vocab,
         kernels_choice=args.kernels, cuda_graphs=args.cuda_graphs, dtype=args.dtype, device=args.device,
         max_new_tokens=args.max_new_tokens, seed=args.seed, name=name, new_run=not args.resume)
-    result = benchmark_run.run_benchmark(Path(args.out), Path(args.answers), plan,
-                                         (state.process_index, state.num_processes), state.wait_for_everyone,
-                                         getattr(args, "command_line", None))
+    # One writer a run: the main process locks it (the others write shards of their own), from before the model
+    # loads until the page is written.
+    with options.run_lock(args, name) if state.is_main_process else contextlib.nullcontext():
+        result = benchmark_run.run_benchmark(Path(args.out), Path(args.answers), plan,
+                                             (state.process_index, state.num_processes), state.wait_for_everyone,
+                                             getattr(args, "command_line", None))
     if result is None:
         return
     stem = Path(args.out) / result["name"]

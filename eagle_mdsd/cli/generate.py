@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import sys
 
-from . import runners
+from . import options, runners
 
 
 def add_parser(sub) -> None:
     parser = runners.add_parser(sub, "generate", help="answer one prompt with speculative (or plain) decoding")
-    parser.add_argument("--prompt", required=True, help="one user message, put through the chat template")
+    parser.add_argument("--prompt", required=True, type=options.message,
+                        help="one user message (not blank), put through the chat template")
     parser.add_argument("--json", action="store_true", help="print one JSON object with the text and the stats")
     parser.set_defaults(fn=run)
 

@@ -46,6 +46,14 @@ def positive(text: str) -> float:
     return value
 
 
+def message(text: str) -> str:
+    """argparse type of a user message (--prompt): text that is not blank, the rule a question file's turns
+    follow too."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is blank: give the text of the message")
+    return text
+
+
 def _writable(text: str, folder: bool) -> str:
     """A path the command writes (a folder, or a file) can be made: the nearest part of it that exists is a
     folder the user can write in (or, for a file, the file itself)."""
@@ -54,6 +62,9 @@ def _writable(text: str, folder: bool) -> str:
     if existing.exists() and not existing.is_dir() and (folder or existing != path):
         raise argparse.ArgumentTypeError(f"{text} is a file: give a folder" if existing == path else
                                          f"{existing} is a file, so {text} cannot be made: give another path")
+    if existing == path and path.exists() and not path.is_dir() and not path.is_file():
+        raise argparse.ArgumentTypeError(f"{text} is not a regular file (a device, a pipe or a socket), which "
+                                         f"would never end when read back: give the path of a file")
     where = existing if existing.is_dir() else existing.parent
     if not os.access(where, os.W_OK):
         raise argparse.ArgumentTypeError(f"cannot write in {where}: give a path in a folder you can write in")
@@ -147,7 +158,7 @@ def run_folder(kind: str) -> argparse.ArgumentParser:
     """Parent parser of a resumable run's --name, --resume, --out and --answers (benchmark, sweep)."""
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--name", default=None,
-                        help=f"a fresh run's name (default DATE_HOST_TIME): answers in runs/{kind}/NAME/")
+                        help=f"a fresh run's name (default DATE_HOST_TIME_RANDOM): answers in runs/{kind}/NAME/")
     parser.add_argument("--resume", default=None, metavar="NAME|PATH",
                         help="continue an earlier run made with the same settings: its name or its folder")
     parser.add_argument("--out", type=output_folder, default=f"runs/{kind}", help="folder of the report NAME.md")
@@ -176,10 +187,11 @@ def refuse_unread(flags: list[str], where: str, remedy: str = "") -> None:
 
 
 def run_name(args, kind: str) -> str:
-    """The run a `benchmark` or `sweep` writes: a fresh one, named by --name or DATE_HOST_TIME, whose folder must
-    not exist yet (so earlier answers are never re-reported as a new measurement), or, with --resume NAME|PATH,
-    an existing one it continues.  A PATH (a run's answer folder) sends the answers and the page to its parent."""
+    """The run a `benchmark` or `sweep` writes: a fresh one, named by --name or DATE_HOST_TIME_RANDOM, whose folder
+    must not exist yet (so earlier answers are never re-reported as a new measurement), or, with --resume
+    NAME|PATH, an existing one it continues.  A PATH (a run's answer folder) sends the answers and the page to its parent."""
     import datetime
+    import secrets
     import socket
 
     answers = Path(args.answers)
@@ -196,13 +208,21 @@ def run_name(args, kind: str) -> str:
                 args.out = str(folder.parent)
             args.answers = str(folder.parent)
         return folder.name
-    stamp = datetime.datetime.now()
-    name = args.name or f"{stamp:%Y-%m-%d}_{socket.gethostname()}_{stamp:%H%M%S}"
+    stamp = datetime.datetime.now()  # and a random part: two runs started in one second get two names
+    name = args.name or f"{stamp:%Y-%m-%d}_{socket.gethostname()}_{stamp:%H%M%S}_{secrets.token_hex(3)}"
     if len(Path(name).parts) != 1 or name in (".", ".."):
         raise UsageError(f"--name {name!r} is a path: give a plain name (--resume takes a run folder's path)")
     if (answers / name).exists():
         raise UsageError(f"{answers / name} exists: pass --resume {name} to continue that run, or another --name")
     return name
+
+
+def run_lock(args, name: str):
+    """The lock of run `name` under --answers (`locks.held`): a second process on it is refused in one line."""
+    from .. import locks
+
+    fix = "run this command again" if args.resume else f"pass another --name, or --resume {name} once it has ended"
+    return locks.held(Path(args.answers) / name, f"run {name}", fix)
 
 
 def temperatures(text: str, what: str = "temperatures") -> tuple[float, ...]:

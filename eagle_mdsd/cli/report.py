@@ -23,6 +23,9 @@ def add_parser(sub) -> None:
                         help="also tau by position in the answer turn, N tokens a column")
     parser.add_argument("--mixed-settings", action="store_true",
                         help="average the rows of a file even where they record different settings")
+    parser.add_argument("--across", default="", metavar="SETTING,...",
+                        help="compare with --baseline (or --paired) answers that differ in these: base_model, "
+                             "dtype, temperature, max_new_tokens, turns, bench; the page says so")
     parser.set_defaults(fn=run)
 
 
@@ -34,6 +37,7 @@ def run(args) -> None:
     if labels and len(labels) != len(args.answer_files):
         raise UsageError(f"--labels names {len(labels)} rows for {len(args.answer_files)} answer files: give one each")
     md, png = report.write([Path(f) for f in args.answer_files], Path(args.out), baseline, args.title, labels,
-                           args.paired, args.window, args.mixed_settings)
+                           args.paired, args.window, args.mixed_settings,
+                           tuple(key.strip() for key in args.across.split(",") if key.strip()))
     print(md.read_text())
     print(f"wrote {md} and {png}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import dynamic, validate, verification
+from .. import dynamic, models, validate, verification
 from ..benchmark import plans, sweep
 from ..errors import UsageError
 from . import options
@@ -33,6 +33,7 @@ def run(args) -> None:
         if any(len(pair) != 2 for pair in pairs):
             raise UsageError("--pairs must be 'all' or scheme/verifier pairs such as topk/topk,greedy/greedy")
     temperatures = options.temperatures(args.temperatures)
+    models.check_device(args.device)  # before the run's folder is made
     for tree in args.trees:  # the trees and pairs before any model loads
         dynamic.load(tree)
     for scheme, verifier in pairs or ():
@@ -42,5 +43,6 @@ def run(args) -> None:
         turns=args.turns or None, max_new_tokens=args.max_new_tokens, draft_vocab=args.draft_vocab,
         kernels_choice=args.kernels, cuda_graphs=args.cuda_graphs, dtype=args.dtype, device=args.device,
         seed=args.seed, name=options.run_name(args, "sweep"), new_run=not args.resume)
-    md = sweep.sweep(Path(args.out), Path(args.answers), plan, getattr(args, "command_line", None))
+    with options.run_lock(args, plan.name):
+        md = sweep.sweep(Path(args.out), Path(args.answers), plan, getattr(args, "command_line", None))
     print(md.read_text())

@@ -111,8 +111,19 @@ def add_parser(sub) -> None:
                                  help="teacher-forced top-1 of an exported head")
     _export_options(evaluate, evaluate=True)
     for stage, fn in ((prompts, run_prompts), (data, run_data), (train, run_train), (export, run_export),
-                      (every, run_all), (evaluate, run_evaluate)):
-        stage.set_defaults(fn=fn)
+                      (every, run_all)):
+        stage.set_defaults(fn=_locked(fn))
+    evaluate.set_defaults(fn=run_evaluate)  # (reads the run)
+
+
+def _locked(stage):
+    """The stage, run while it holds the lock of --run (`locks.held`): one process writes a run at a time."""
+    def run(args) -> None:
+        from .. import locks
+
+        with locks.held(Path(args.run), f"run {args.run}", "run this command again"):
+            stage(args)
+    return run
 
 
 def _openers(path) -> list[str] | None:
@@ -192,7 +203,7 @@ def run_all(args) -> None:
     data_recipe, train_recipe = _data_recipe(args), _train_recipe(args)  # both checked before the data stage runs
     _make_data(args, data_recipe)
     _train(args, train_recipe)
-    run_export.__wrapped__(args)
+    run_export(args)
 
 
 def run_evaluate(args) -> None:

@@ -19,6 +19,7 @@ from tqdm import tqdm
 
 from .. import models
 from ..errors import UsageError
+from .budget import Budget
 from .prompts import load_prompts
 
 
@@ -120,6 +121,7 @@ def make_data(out_dir: Path, prompt_paths, recipe: DataRecipe = DataRecipe(), ba
               dtype: str = "bfloat16", max_minutes: float | None = None, device: str = "cpu") -> list[Path]:
     """The target's answers to the prompts in `prompt_paths` and its features, made by `recipe`, in shards under
     out_dir/data; a rerun continues (stopping cleanly when `max_minutes` have passed)."""
+    budget = Budget(max_minutes)
     prompts = load_prompts(prompt_paths)  # bad prompt files fail before the run folder is made
     data_dir = Path(out_dir) / "data"
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -135,14 +137,13 @@ def make_data(out_dir: Path, prompt_paths, recipe: DataRecipe = DataRecipe(), ba
     target, tokenizer = models.load_target(base_model, models.parse_dtype(dtype), device)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     shards = []
-    deadline = time.monotonic() + 60 * max_minutes if max_minutes else None
     started, answers, answer_tokens = time.monotonic(), 0, 0
     for start in tqdm(range(0, len(prompts), recipe.shard_size), desc="data shards"):
         shard = data_dir / f"shard_{start // recipe.shard_size:05d}.pt"
         shards.append(shard)
         if shard.exists():
             continue
-        if deadline and time.monotonic() > deadline:
+        if not budget.allows_step():
             print(f"time budget reached: {len(list(data_dir.glob('shard_*.pt')))} shards done; rerun to continue")
             break
         samples = []
@@ -170,6 +171,7 @@ def make_data(out_dir: Path, prompt_paths, recipe: DataRecipe = DataRecipe(), ba
         staging = shard.with_suffix(".tmp")
         torch.save(samples, staging)
         os.replace(staging, shard)  # atomic: an interrupt never leaves half a shard
+        budget.step_took()
     seconds = time.monotonic() - started
     if answers:  # the rate that sizes a run on another machine or batch size
         print(f"data stage: {answers} answers, {answer_tokens} answer tokens in {seconds:.0f} s: "

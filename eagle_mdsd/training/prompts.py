@@ -16,8 +16,9 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from .. import jsonl, models, questions
-from ..errors import MissingFile, UsageError
+from .. import jsonl, models, questions, validate
+from ..errors import MissingFile, UsageError, read_text
+from .budget import Budget
 
 # The shipped prompt set (GPTeacher and the Alpaca seed tasks, xz-compressed; their licences beside them).
 DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "data" / "prompts"
@@ -38,7 +39,14 @@ def _records(path: Path) -> list[tuple[str, object]]:
     possibly xz- or gzip-compressed; `where` names the line or record.  A file that is not JSON is a one-line
     error naming it."""
     opener = _OPENERS.get(path.suffix)
-    text = opener(path, "rt", encoding="utf-8").read() if opener else path.read_text()
+    if opener is None:
+        text = read_text(path, "prompt file")
+    else:
+        try:
+            text = opener(path, "rt", encoding="utf-8").read()
+        except UnicodeDecodeError as error:
+            raise UsageError(f"prompt file {path} is not UTF-8 text once decompressed (byte {error.start}): give "
+                             f"a text file") from None
     name = path.name.removesuffix(path.suffix) if opener else path.name
     if name.endswith(".jsonl"):
         numbered = [(number, line) for number, line in enumerate(text.splitlines(), 1) if line.strip()]
@@ -61,6 +69,10 @@ def _text(record: dict, key: str, file: Path, where: str) -> str:
     if not isinstance(value, str):
         raise UsageError(f"prompt file {file}, {where}: {key!r} is {json.dumps(value)[:40]}, not text: write it "
                          f"as a JSON string, e.g. \"{key}\": \"...\"")
+    fault = validate.not_utf8(value)
+    if fault:
+        raise UsageError(f"prompt file {file}, {where}: {key!r} holds {fault}, which is not UTF-8 text: write it "
+                         f"as UTF-8 text")
     return value
 
 
@@ -164,8 +176,8 @@ def self_prompts(out_dir: Path, count: int, base_model=None, dtype: str = "bfloa
     writes.  Kept: messages the target ended itself (no length cut), with at least three words of its own, not
     seen before and not a Spec-Bench / MT-Bench question; a batch's last kept messages beyond `count` are not.
     """
+    budget = Budget(max_minutes)
     path = Path(out_dir) / "self_prompts.jsonl"
-    path.parent.mkdir(parents=True, exist_ok=True)
     jsonl.drop_cut_short_line(path)
     records = jsonl.records(path)
     seen = {_normalise(r["prompt"]) for r in records} | benchmark_texts()
@@ -177,7 +189,6 @@ def self_prompts(out_dir: Path, count: int, base_model=None, dtype: str = "bfloa
     header = user_turn_prefix(tokenizer)
     stop = set(models.eos_token_ids(target, tokenizer))
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    deadline = time.monotonic() + 60 * max_minutes if max_minutes else None
     progress = tqdm(total=count, initial=written, desc="self-written prompts")
     barren = 0  # batches in a row that kept nothing
     started, tried = time.monotonic(), 0
@@ -185,7 +196,7 @@ def self_prompts(out_dir: Path, count: int, base_model=None, dtype: str = "bfloa
         if barren == 20:
             raise UsageError(f"the target ended none of its last 20 x {batch_size} messages within {max_tokens} "
                              f"tokens or all were duplicates: this model cannot write its own prompts")
-        if deadline and time.monotonic() > deadline:
+        if not budget.allows_step():
             print(f"time budget reached: {written} prompts written; rerun to continue")
             break
         opener = openers[batch % len(openers)] if openers else ""
@@ -197,8 +208,8 @@ def self_prompts(out_dir: Path, count: int, base_model=None, dtype: str = "bfloa
                                   top_k=0, top_p=1.0, max_new_tokens=max_tokens, eos_token_id=sorted(stop),
                                   pad_token_id=pad_id)
         kept = _kept(out[:, prefix.shape[1]:].tolist(), tokenizer, stop, opener, seen, count - written)
-        with path.open("a") as handle:  # one write per batch
-            handle.write("".join(json.dumps({"prompt": text, "batch": batch}) + "\n" for text in kept))
+        jsonl.append(path, *({"prompt": text, "batch": batch} for text in kept))  # one write per batch
+        budget.step_took()
         written += len(kept)
         tried += batch_size
         barren = 0 if kept else barren + 1
