@@ -298,7 +298,7 @@ class Cycle:
             path, accepted, bonus = tree.paths.index_select(0, best)[0], tree.depth.index_select(0, best), \
                 argmax.index_select(0, best)
         else:
-            path, accepted, bonus = self._sample(torch.softmax(logits.float() / self.temperature, -1))
+            path, accepted, bonus = self._sample(logits)
             best = path[-1:]
         if self.levels:
             buffer = cache.buffer
@@ -318,52 +318,58 @@ class Cycle:
                                      tree.internal.index_select(0, best).long()]))
         return self.result
 
-    def _sample(self, p) -> tuple:
+    def _sample(self, logits) -> tuple:
         """T > 0: (path, accepted drafts, bonus).  Every node's output (node_outputs) takes two uniforms drawn up
         front, one for its draw of p and one for the verifier's; under graphs every node's output is computed and
-        the walk is tensor ops, eagerly only the walk's nodes' are (a CPU verifies each node it computes, and the
+        the walk is tensor ops, eagerly only the walk's nodes' are (a CPU pays for every row it computes, and the
         walk visits few).  The uniforms make both give the same tokens, seed for seed."""
-        uniform = torch.rand((2, len(p), 1), generator=self.generator, dtype=torch.float64, device=self.device)
+        uniform = torch.rand((2, len(logits), 1), generator=self.generator, dtype=torch.float64, device=self.device)
+        if self.exact and self.topology is not None:
+            return self._walk(logits, uniform)
+        p = self._p(logits)
         y = drafting.pick(p, uniform[0])[:, 0]
         if self.topology is None:
             return self.rows[:1], self.rows[:1] * 0, y
         if self.grafted:
             p = drafting.without_token(p, self.tree.point)
-        if self.exact:
-            return self._walk(p, y, uniform[1])
         verified = self._verified(p, uniform[1], self.rows[: self.nodes + 1])
         outputs = node_outputs(p, y, self.tree.point, verified, self.drafts)
         path, accepted = sampled_walk(self.tree.parent, self.tree.valid, outputs, self.tree.tokens, self.levels)
         return path, accepted, outputs.index_select(0, path[-1:])
 
+    def _p(self, logits) -> torch.Tensor:
+        return torch.softmax(logits.float() / self.temperature, -1)
+
     def _verified(self, p, uniform, nodes) -> torch.Tensor:
-        """The verifier's output at `nodes` (one batched call a child count for a static tree), against each node's
-        head drafts: at a node without any a token of no meaning, which node_outputs never takes."""
+        """The verifier's output at `nodes` [R] from their p [R, V] (one batched call a child count for a static
+        tree), against each node's head drafts: at a node without any a token of no meaning, which node_outputs
+        never takes."""
         model, verifier, tree = self.decoder.draft_model, self.decoder.verifier, self.tree
         if self.grown:
             rows = tree.row.index_select(0, nodes).clamp_min(0)
             q = model.vocabulary_q(self.grown_q.index_select(0, rows), model.ids)
-            plan = verifier.plan(p.index_select(0, nodes), q, self.grown_drafts.index_select(0, rows))
+            plan = verifier.plan(p, q, self.grown_drafts.index_select(0, rows))
             return drafting.pick(plan, uniform.index_select(0, nodes))[:, 0]
-        verified = torch.zeros(len(p), dtype=torch.long, device=self.device)
+        verified = torch.zeros(len(tree.tokens), dtype=torch.long, device=self.device)
         for group, rows, children in self.plan.groups:
+            group_p = None
             if len(nodes) == 1:  # the eager walk's node: its own group's row alone
                 chosen = group == nodes
                 if not bool(chosen.any()):
                     continue
-                group, rows, children = group[chosen], rows[chosen], children[chosen]
+                group, rows, children, group_p = group[chosen], rows[chosen], children[chosen], p
             drafts = tree.tokens.index_select(0, children.reshape(-1)).view(children.shape)
             q = model.vocabulary_q(self.q_internal.index_select(0, rows), model.ids)
-            plan = verifier.plan(p.index_select(0, group), q, drafts)
+            plan = verifier.plan(p.index_select(0, group) if group_p is None else group_p, q, drafts)
             verified.index_copy_(0, group, drafting.pick(plan, uniform.index_select(0, group))[:, 0])
         return verified.index_select(0, nodes)
 
-    def _walk(self, p, y, uniform) -> tuple:
+    def _walk(self, logits, uniform) -> tuple:
         """The sampled walk on the host (eager only): from the root into the first valid child holding the node's
-        output, each output computed when the walk reaches its node."""
+        output, each output (its p, its draw, its verifier's draw) computed when the walk reaches its node."""
         tree = self.tree
-        parent, valid, tokens, point, drafted, drawn = (values.tolist() for values in (
-            tree.parent, tree.valid, tree.tokens, tree.point, self.drafts, y))
+        parent, valid, tokens, point, drafted = (values.tolist() for values in (
+            tree.parent, tree.valid, tree.tokens, tree.point, self.drafts))
         children = [[] for _ in parent]
         for node in range(1, len(parent)):
             if valid[node]:
@@ -371,9 +377,12 @@ class Cycle:
         path = [0]
         while True:
             node = path[-1]
-            output = drawn[node]
+            p = self._p(logits[node : node + 1])
+            output = drafting.pick(p, uniform[0, node : node + 1]).item()
             if drafted[node] and point[node] != output:
-                output = self._verified(p, uniform, self.rows[node : node + 1]).item()
+                if point[node] >= 0:
+                    p = drafting.without_token(p, point[node])
+                output = self._verified(p, uniform[1], self.rows[node : node + 1]).item()
             child = next((kid for kid in children[node] if tokens[kid] == output), None)
             if child is None:
                 break

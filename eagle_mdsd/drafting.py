@@ -38,7 +38,7 @@ def without_token(p: torch.Tensor, token) -> torch.Tensor:
     """p [..., V] without one token a row (an int, or a tensor of the batch shape; -1: none), renormalised: what a
     node's drafts are verified against once a one-point draft of that token (prompt lookup's) is rejected."""
     vocabulary = torch.arange(p.shape[-1], device=p.device)
-    return exclude(p, vocabulary == torch.as_tensor(token, device=p.device)[..., None])
+    return exclude(p, (vocabulary == torch.as_tensor(token, device=p.device)[..., None]).expand(p.shape))
 
 
 def _normalise_or_fill(rest: torch.Tensor, drawn) -> torch.Tensor:

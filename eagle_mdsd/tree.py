@@ -85,7 +85,8 @@ def compile_tree(paths, name: str = "custom") -> Tree:
     for path in paths:
         if (not isinstance(path, (list, tuple)) or not path
                 or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in path)):
-            raise UsageError(f"tree {name!r}: path {path!r} must be a non-empty list of non-negative integers")
+            raise UsageError(f"tree {name!r}: path {json.dumps(path)} must be a non-empty list of non-negative "
+                             f"integers")
         clean.append(tuple(path))
     known = set(clean)
     if len(known) != len(clean):

@@ -176,6 +176,8 @@ CASES = {
     "tree-unknown": lambda tmp: ["generate", "--prompt", "hi", "--tree", "nope"],
     "tree-file": lambda tmp: ["generate", "--prompt", "hi", "--tree",
                               (tmp / "t.json").write_text("{no") and tmp / "t.json"],
+    "tree-path": lambda tmp: ["generate", "--prompt", "hi", "--tree",
+                              (tmp / "t.json").write_text("[[0], [true]]") and tmp / "t.json"],
     "tree-clash": lambda tmp: ["generate", "--prompt", "hi", "--tree", (tmp / "tree_configs").mkdir()
                                or (tmp / "tree_configs" / "chain4.json").write_text("[[0]]") and "chain4"],
     "drafter-unknown": lambda tmp: ["generate", "--prompt", "hi", "--drafter", "nope"],

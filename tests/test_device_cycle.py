@@ -4,7 +4,10 @@ The budgets: what a cycle issues from the host, counted by hostsync.per_cycle: o
 graphs, graph replays and transfers to the host.  Before the cycle ran on the device these counts were, per
 cycle at T = 0: our plain step 14 ops, 1 replay, 1 transfer; chain2 80, 3, 1; eagle_default 186, 6, 1; eagle2
 at its defaults 382, 7, 13; and at T = 1 on eagle_default 500 to 940 ops and 2.6 to 6.1 transfers by pair (the
-issues' counts), on eagle2 387 ops and 13 transfers (rrs_wo).  The budget tests fail on that loop.
+issues' counts), on eagle2 387 ops and 13 transfers (rrs_wo).  The budget tests fail on that loop.  At
+9850488, where lookup trees and OPT-Tree kept the host walk with graphs on, the greedy budgets below failed for
+them: opt_tree 144 ops and 5.3 transfers a cycle, eagle_default+lookup 150 and 1.4, the grafted eagle2 176
+and 7.1.
 """
 
 from __future__ import annotations

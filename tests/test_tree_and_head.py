@@ -43,6 +43,7 @@ def test_tree_buffers():
     ([[0, 0]], r"no parent \[0\]"),
     ([[0], [-1]], "non-negative integers"),
     ([[0], "a"], "non-negative integers"),
+    ([[0], [True]], r"path \[true\] must be"),  # echoed as the JSON it came from, not Python's [True]
     ([[0]] + [[i] for i in range(1, 1100)], "at most 1024"),
 ])
 def test_malformed_trees_are_refused(paths, message):
