@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from . import cycle as cycle_module
-from . import drafters, drafting, graphs, kernels, models, verification
+from . import drafters, drafting, graphs, kernels, models, tree, verification
 from .cache import KVCache
 from .errors import UsageError
 
@@ -27,6 +27,11 @@ def check_temperature(temperature: float, name: str = "temperature") -> None:
     """One-line error unless `temperature` is a finite number >= 0 (NaN would otherwise sample garbage)."""
     if not math.isfinite(temperature) or temperature < 0:
         raise UsageError(f"{name} must be >= 0 (a finite number), got {temperature}")
+
+
+def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[q, kv] bool -> [1, 1, q, kv] float mask (0 where visible), the shape a model call takes."""
+    return tree.additive_mask(visible, dtype)[None, None]
 
 
 def warp(logits: torch.Tensor, temperature: float) -> torch.Tensor:

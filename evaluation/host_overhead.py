@@ -52,9 +52,10 @@ ROWS = [  # (label, method, tree, drafter, verifier, temperature)
     ("chain2+lookup", "eagle", "chain2+lookup", "topk", "topk", 0.0),
     ("our plain step, T = 1", "baseline", None, "topk", "topk", 1.0),
     ("opt_tree, T = 1, topk/topk", "eagle", "opt_tree", "topk", "topk", 1.0),
+    ("eagle_default+lookup, T = 1, without_replacement/rrs_wo", "eagle", "eagle_default+lookup",
+     "without_replacement", "rrs_wo", 1.0),
     *((f"{tree}, T = 1, {scheme}/{verifier}", "eagle", tree, scheme, verifier, 1.0)
-      for usual, two_children in (("eagle_default", "binary_depth4"), ("eagle2", "eagle2:top_k=2"),
-                                  ("eagle_default+lookup", "binary_depth4+lookup"))
+      for usual, two_children in (("eagle_default", "binary_depth4"), ("eagle2", "eagle2:top_k=2"))
       for scheme, verifier in verification.pairs()
       for tree in [two_children if scheme == "spechub" else usual]),  # SpecHub drafts two children a node
 ]
