@@ -81,9 +81,19 @@ class DynamicTree:
         check_pair(self, scheme)
 
 
-# EAGLE-2's released defaults (total_token 60, depth 5 after the first level, top_k 10); OPT-Tree's budget.
-DEFAULTS = {"eagle2": {"total_tokens": 60, "depth": 6, "top_k": 10},
-            "opt_tree": {"nodes": 40, "threshold": 0.1, "max_depth": 10, "top_k": 8}}
+# Each tree's shape by device.  On a GPU, EAGLE-2's released defaults (total_token 60, depth 5 after the first
+# level, top_k 10) and OPT-Tree's budget: a forward over 60 tokens costs about what one over a token does.  On a
+# CPU it grows with the tokens, and the shapes are those its cost model predicts fastest
+# (evaluation/dynamic_defaults.py; its page is cited in docs/design.md).
+DEFAULTS = {"cuda": {"eagle2": {"total_tokens": 60, "depth": 6, "top_k": 10},
+                     "opt_tree": {"nodes": 40, "threshold": 0.1, "max_depth": 10, "top_k": 8}},
+            "cpu": {"eagle2": {"total_tokens": 12, "depth": 3, "top_k": 4},
+                    "opt_tree": {"nodes": 8, "threshold": 0.4, "max_depth": 10, "top_k": 4}}}
+
+
+def device_kind(device) -> str:
+    """'cpu' for a CPU, else 'cuda' (a GPU, or 'auto': layers spread over the GPUs)."""
+    return "cpu" if str(device).startswith("cpu") else "cuda"
 
 
 def _flags(options) -> str:
@@ -91,13 +101,14 @@ def _flags(options) -> str:
     return ", ".join("--" + option.replace("_", "-") for option in options)
 
 
-def load(spec: str, **overrides):
+def load(spec: str, device="cpu", **overrides):
     """A static tree (tree.load) or a dynamic one: 'eagle2', 'opt_tree', or with options such as
-    'eagle2:total_tokens=16,depth=5,top_k=4'; `overrides` (CLI flags, None = unset) apply first.
-    Any of them + 'lookup' or 'lookupN': prompt-lookup drafts grafted on at temperature 0 (lookup.py)."""
+    'eagle2:total_tokens=16,depth=5,top_k=4', unset options taking their DEFAULTS on `device`; `overrides`
+    (CLI flags, None = unset) apply first.  Any of them + 'lookup' or 'lookupN': prompt-lookup drafts grafted on
+    at temperature 0 (lookup.py)."""
     base, tokens = lookup.split(spec)
     if tokens is not None:
-        return lookup.LookupTree(load(base, **overrides), tokens)
+        return lookup.LookupTree(load(base, device, **overrides), tokens)
     name, _, options = spec.partition(":")
     given = {key: value for key, value in overrides.items() if value is not None}
     if name not in NAMES:
@@ -105,7 +116,7 @@ def load(spec: str, **overrides):
             raise UsageError(f"{_flags(given)} shape dynamic trees ({', '.join(NAMES)}), not tree {spec!r}: drop "
                              f"{'it' if len(given) == 1 else 'them'} or pick a dynamic tree")
         return static_trees.load(spec)
-    values = dict(DEFAULTS[name])
+    values = dict(DEFAULTS[device_kind(device)][name])
     unused = [key for key in given if key not in values]
     if unused:
         raise UsageError(f"{name} does not take {_flags(unused)} (it takes {_flags(values)}): drop "

@@ -257,7 +257,7 @@ def main() -> None:
 
     timed("transformers `generate` (eager), step", eager_call)
     sampled = tuple(plans.SAMPLING_PAIR.split("/"))
-    setups = plans.benchmark_setups(args.trees, "topk", "topk", sampled)
+    setups = plans.benchmark_setups(args.trees, "topk", "topk", sampled, device=args.device)
     for t in temperatures:
         for setup in setups:
             tree_name, topology, drafter, verifier = setup[t > 0]

@@ -94,9 +94,9 @@ class Runner:
 def ours(target, draft_head, row, tokens: int, kernels: str, cuda_graphs: str = "off") -> Runner:
     """cuda_graphs 'emulate': graphs.Emulated, whose replays count as one launch each."""
     _, method, tree_name, drafter, verifier, temperature = row
-    decoder = engine.Decoder(target, draft_head if method == "eagle" else None,
-                             dynamic.load(tree_name) if tree_name else None, drafter, verifier, kernels_choice=kernels,
-                             cuda_graphs=cuda_graphs)
+    topology = dynamic.load(tree_name, "cuda") if tree_name else None  # the host's cost a GPU's trees make
+    decoder = engine.Decoder(target, draft_head if method == "eagle" else None, topology, drafter, verifier,
+                             kernels_choice=kernels, cuda_graphs=cuda_graphs)
 
     def call(n):
         return decoder.generate(PROMPT, n, temperature, seed=1, method=method).cycles or 1

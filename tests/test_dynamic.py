@@ -107,8 +107,20 @@ def test_dynamic_tree_flags_that_do_not_shape_the_tree_are_refused(spec, overrid
 
 
 def test_flags_shape_the_dynamic_tree_they_belong_to():
-    assert dynamic.load("eagle2", total_tokens=9, depth=3, top_k=None) == dynamic.make("eagle2", 8, 3, 10)
-    assert dynamic.load("opt_tree", nodes=12, threshold=0.5) == dynamic.make("opt_tree", 12, 10, 8, 0.5)
+    assert dynamic.load("eagle2", "cuda", total_tokens=9, depth=3, top_k=None) == dynamic.make("eagle2", 8, 3, 10)
+    assert dynamic.load("opt_tree", "cuda", nodes=12, threshold=0.5) == dynamic.make("opt_tree", 12, 10, 8, 0.5)
+
+
+def test_a_gpu_grows_eagle2s_own_trees_and_a_cpu_its_measured_ones():
+    """EAGLE-2's released shape on a GPU ('auto' spreads a target over GPUs); the CPU's from its own table."""
+    for device in ("cuda", "cuda:1", "auto"):
+        assert dynamic.load("eagle2", device) == dynamic.make("eagle2", 59, 6, 10)
+        assert dynamic.load("opt_tree", device) == dynamic.make("opt_tree", 40, 10, 8, 0.1)
+    cpu = dynamic.DEFAULTS["cpu"]
+    assert dynamic.load("eagle2") == dynamic.load("eagle2", "cpu") == dynamic.make(
+        "eagle2", cpu["eagle2"]["total_tokens"] - 1, cpu["eagle2"]["depth"], cpu["eagle2"]["top_k"])
+    assert dynamic.load("opt_tree:top_k=3", "cpu").nodes == cpu["opt_tree"]["nodes"]
+    assert dynamic.load("eagle2+lookup", "cpu").base == dynamic.load("eagle2", "cpu")
 
 
 def _grown(seed: int, spec: dynamic.DynamicTree, vocab: int = 6, eager: bool = False):

@@ -110,16 +110,17 @@ def parse_sampling_pair(text: str, drafter: str, verifier: str) -> tuple[str, st
 
 
 def benchmark_setups(trees, drafter: str, verifier: str, sampled: tuple[str, str],
-                     sampling_tree: str = "same") -> list[dict]:
+                     sampling_tree: str = "same", device: str = "cpu") -> list[dict]:
     """{at T > 0: (label, topology, drafter, verifier)} per --trees entry: a tree's own pair (TREE@D/V) at
     every temperature; otherwise drafter/verifier at T = 0 and, on a static tree, `sampled` at T > 0 - on
     `sampling_tree` instead of the entry's tree unless that is 'same' (so at T > 0 the static entries share one
     run on it, and those with prompt-lookup drafts one on `sampling_tree`+lookupN; a dynamic tree grows its
-    children with topk or greedy drafts, so it keeps its tree and drafter/verifier)."""
+    children with topk or greedy drafts, so it keeps its tree and drafter/verifier).  A dynamic tree takes
+    `device`'s defaults."""
     setups = []
     for entry in trees:
         spec, own_drafter, own_verifier = tree_and_pair(entry, drafter, verifier)
-        topology = dynamic.load(spec)
+        topology = dynamic.load(spec, device)
         check_fits(topology, own_drafter, own_verifier)
         own = "" if (own_drafter, own_verifier) == (drafter, verifier) else f"@{own_drafter}/{own_verifier}"
         own_run = (tree_label(topology) + own, topology, own_drafter, own_verifier)
@@ -150,7 +151,7 @@ def sweep_cells(plan: SweepPlan) -> tuple[dict, list[tuple]]:
     """({label: topology} of the plan's trees, [(temperature, tree label, drafter, verifier)] of every cell that
     fits); a plan with no cell that fits is a one-line error."""
     pairs = plan.pairs or verification.pairs()
-    topologies = {tree_label(topology): topology for topology in map(dynamic.load, plan.trees)}
+    topologies = {tree_label(topology): topology for topology in (dynamic.load(tree, plan.device) for tree in plan.trees)}
     for drafter, verifier in pairs:
         verification.check_pair(drafter, verifier)
     cells = []

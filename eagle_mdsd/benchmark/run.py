@@ -106,7 +106,8 @@ def answer_and_report(out: Path, answers: Path, plan: BenchmarkPlan = BenchmarkP
 def lay_out(out: Path, answers: Path, plan: BenchmarkPlan) -> Run:
     """The run of `plan`, its trees, pairs and questions checked before any model loads."""
     sampled = parse_sampling_pair(plan.sampling_pair, plan.drafter, plan.verifier)
-    setups = benchmark_setups(plan.trees, plan.drafter, plan.verifier, sampled, plan.sampling_tree)
+    setups = benchmark_setups(plan.trees, plan.drafter, plan.verifier, sampled, plan.sampling_tree,
+                              plan.device)
     all_questions = questions.load(plan.bench_name)
     date = datetime.date.today().isoformat()
     name = plan.name or f"benchmark_{date}_{plan.dtype}"

@@ -48,7 +48,7 @@ def check_options(args, temperatures) -> None:
     if not any(t > 0 for t in temperatures):
         options.refuse_unread(options.given(args, args.sampling_options), "without a temperature above 0")
     sampled = plans.parse_sampling_pair(args.sampling_pair, args.scheme, args.verifier)
-    plans.benchmark_setups(args.trees, args.scheme, args.verifier, sampled, args.sampling_tree)
+    plans.benchmark_setups(args.trees, args.scheme, args.verifier, sampled, args.sampling_tree, args.device)
 
 
 def run(args) -> None:

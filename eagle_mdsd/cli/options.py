@@ -8,7 +8,7 @@ import math
 import os
 from pathlib import Path
 
-from .. import graphs, kernels, models, validate
+from .. import dynamic, graphs, kernels, models, validate
 from ..errors import UsageError
 from ..benchmark.plans import METHODS  # the methods every subcommand offers, defined once
 
@@ -119,14 +119,23 @@ def eagle() -> argparse.ArgumentParser:
     group.add_argument("--drafter", dest="scheme", default="topk", help="drafting scheme (`eagle-mdsd pairs`)")
     group.add_argument("--verifier", default="topk", help="verifier (`eagle-mdsd pairs`)")
     group.add_argument("--draft-vocab", type=draft_vocab, default="auto", help=DRAFT_VOCAB_HELP)
-    group.add_argument("--total-tokens", type=int, default=None, help="eagle2: tokens verified per cycle (60)")
-    group.add_argument("--depth", type=int, default=None, help="eagle2: draft levels (6)")
-    group.add_argument("--top-k", type=int, default=None, help="eagle2 / opt_tree: children per expanded node (10 / 8)")
-    group.add_argument("--nodes", type=int, default=None, help="opt_tree: draft nodes per cycle (40)")
-    group.add_argument("--threshold", type=float, default=None,
-                       help="opt_tree: stop growing when a level adds less expected length (0.1)")
-    group.add_argument("--max-depth", type=int, default=None, help="opt_tree: most draft levels (10)")
+    for option, kind, trees, text in DYNAMIC_OPTIONS:  # defaults by device: dynamic.DEFAULTS
+        shown = ", ".join(f"{tree} {_default(tree, option)}" for tree in trees)
+        group.add_argument("--" + option.replace("_", "-"), type=kind, default=None, help=f"{text} ({shown})")
     return parser
+
+
+DYNAMIC_OPTIONS = [("total_tokens", int, ["eagle2"], "tokens verified per cycle"), ("depth", int, ["eagle2"],
+                   "draft levels"), ("top_k", int, ["eagle2", "opt_tree"], "children per expanded node"),
+                   ("nodes", int, ["opt_tree"], "draft nodes per cycle"), ("max_depth", int, ["opt_tree"],
+                   "most draft levels"), ("threshold", float, ["opt_tree"], "stop growing when a level adds less "
+                   "expected length")]
+
+
+def _default(tree: str, option: str) -> str:
+    """A dynamic tree option's default by device, 'cuda 60/cpu 12', or the one value where they agree."""
+    values = {kind: defaults[tree][option] for kind, defaults in dynamic.DEFAULTS.items()}
+    return f"{values['cpu']:g}" if len(set(values.values())) == 1 else "/".join(f"{kind} {value:g}" for kind, value in values.items())
 
 
 def engine(profile: bool = True) -> argparse.ArgumentParser:
