@@ -14,8 +14,13 @@ from instances import SkipsDuplicateUpdate
 from tiny import tiny_family, tiny_target
 
 PROMPT = [1, 2, 3, 0]
-RUNS = 2000
 P_VALUE = 1e-3  # fixed seeds: a lossless engine fails a test with probability 0.1%
+# The joint-distribution tests are sized by their power.  Over the 64 sequences of three tokens (63 degrees of
+# freedom), RUNS draws reject, at P_VALUE, any distribution at chi-square distance w >= DISTANCE from the
+# target's (w^2 = sum (r - p)^2 / p) with probability >= POWER (the noncentral chi-square with RUNS w^2: checked
+# below).  Bugs these tests were made against: a lookup draft verified against p instead of its residual, w = 0.42;
+# a residual not updated after a repeated draft, w = 0.15, below DISTANCE, so its own test draws 4000.
+RUNS, DISTANCE, POWER = 1000, 0.3, 0.99
 
 TREES = {
     "wide": [[0], [1], [2], [0, 0], [0, 1], [1, 0]],          # 3, 2 and 1 children
@@ -115,6 +120,13 @@ def test_draft_vocabulary_needs_the_heads_token_ranking(tiny):
     target, draft_head = tiny
     with pytest.raises(ValueError, match="draft_vocab.json"):
         engine.Decoder(target, draft_head, tree.compile_tree(TREES["wide"]), draft_vocab=2)
+
+
+def test_the_joint_distribution_tests_have_their_stated_power():
+    degrees = 4**3 - 1
+    critical = stats.chi2.isf(P_VALUE, degrees)
+    assert stats.ncx2.sf(critical, degrees, RUNS * DISTANCE**2) >= POWER
+    assert stats.ncx2.sf(critical, degrees, 4000 * 0.15**2) >= POWER > stats.ncx2.sf(critical, degrees, RUNS * 0.15**2)
 
 
 def test_the_statistical_test_catches_a_biased_verifier(tiny):
