@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from . import benchmarks, dynamic, engine, head, jsonl, models, peers, questions
+from . import benchmarks, engine, head, jsonl, models, peers, questions, tree_specs
 
 BASELINE = "baseline"  # the engine's plain decoding, in place of a tree: where a difference enters
 ALL_TREES = (BASELINE, "eagle_default", "binary_depth4", "quad_depth3", "chain4", "chain6", "eagle2", "opt_tree",
@@ -37,7 +37,7 @@ def greedy_equivalence(rows_file: Path, question_count: int = 5, max_new_tokens:
                        kernels_choice: str = "auto") -> list[dict]:
     """base_model: a hub id, folder or .gguf file (models.load_target); None, the embedded default.
     kernels_choice: the engine's linear kernels (`engine.Decoder`); `generate` always runs the stock ones."""
-    topologies = {name: None if name in NOT_TREES else dynamic.load(name, device) for name in trees}  # bad names: now
+    topologies = {name: None if name in NOT_TREES else tree_specs.load(name, device) for name in trees}  # bad names: now
     torch_dtypes = {dtype: models.parse_dtype(dtype) for dtype in dtypes}
     done = {}
     jsonl.drop_cut_short_line(rows_file)

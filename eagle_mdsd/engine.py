@@ -21,6 +21,7 @@ from . import cycle as cycle_module
 from . import drafters, drafting, graphs, kernels, models, tree, verification
 from .cache import KVCache
 from .errors import UsageError
+from .head import checked_draft_vocab
 
 
 def check_temperature(temperature: float, name: str = "temperature") -> None:
@@ -97,24 +98,6 @@ class GenerationResult:
         return asdict(self) | {"new_tokens": self.new_tokens, "tau": self.tau, "tokens_per_s": self.tokens_per_s}
 
 
-# On a small target the head's lm_head over the full vocabulary is most of the drafting time; the embedded
-# default's 8192 most frequent answer tokens cover nearly all of its greedy answers, so drafting over them keeps
-# tau and drafts faster (measured: docs/design.md).
-AUTO_DRAFT_VOCAB = 8192
-
-
-def resolve_draft_vocab(head, draft_vocab: int | str | None) -> int | None:
-    """A number of tokens, or None for the full vocabulary: 'full' and None give None; 'auto' gives
-    AUTO_DRAFT_VOCAB where the head ships its token ranking, else None."""
-    if draft_vocab in (None, "full"):
-        return None
-    if draft_vocab != "auto":
-        if isinstance(draft_vocab, bool) or not isinstance(draft_vocab, int):
-            raise UsageError(f"draft_vocab must be a number of tokens, 'full' or 'auto', got {draft_vocab!r}")
-        return draft_vocab
-    return min(AUTO_DRAFT_VOCAB, len(head.draft_vocab)) if head is not None and head.draft_vocab else None
-
-
 @dataclass
 class Call:
     """One generate call's settings and caches (its cycle keeps the rest, on the device)."""
@@ -134,7 +117,7 @@ class Decoder:
                  drafter="topk", verifier="topk", eos_token_ids=(), draft_vocab: int | str | None = None,
                  kernels_choice: str = "auto", cuda_graphs: str = "auto"):
         """tree: tree.Tree, dynamic.DynamicTree or lookup.LookupTree.  draft_vocab: draft over the head's N most
-        frequent tokens only (exact); 'auto': AUTO_DRAFT_VOCAB of them where the head ships its token ranking.
+        frequent tokens only (exact); 'auto': head.AUTO_DRAFT_VOCAB of them where the head ships its token ranking.
         kernels_choice: 'auto' packs the linear layers in bf16 where kernels.available, 'stock' never.
         cuda_graphs: 'auto' captures each phase of the cycle as a CUDA graph on CUDA (graphs.py), 'off' never,
         'emulate' replays them as graphs.Emulated on any device (what a CPU can check and count of the graphs)."""
@@ -153,7 +136,7 @@ class Decoder:
         for model in (target, head) if self.packed else ():
             if model is not None:
                 kernels.pack(model)
-        draft_vocab = _checked_draft_vocab(head, self.feature_layers, draft_vocab)
+        draft_vocab = checked_draft_vocab(head, draft_vocab)
         if tree is not None:
             tree.check_scheme(self.scheme, self.lm_head.weight.shape[0])
         self.graphs = graphs.Emulated() if cuda_graphs == "emulate" else \
@@ -301,19 +284,3 @@ def _emit(result: GenerationResult, emitted: list[int], eos: set) -> bool:
     result.accept_lengths.append(len(emitted))
     result.token_ids.extend(emitted)
     return end is not None
-
-
-def _checked_draft_vocab(head, feature_layers, draft_vocab) -> int | None:
-    """The draft vocabulary's size (None: the whole vocabulary), or a one-line error for a choice the head
-    cannot take."""
-    if feature_layers is not None and draft_vocab not in (None, "auto"):
-        raise UsageError(f"--draft-vocab {draft_vocab}: an EAGLE-3 head drafts over its own vocabulary of "
-                         f"{head.config.draft_vocab_size} tokens; drop --draft-vocab")
-    draft_vocab = resolve_draft_vocab(head, draft_vocab)
-    if draft_vocab is not None:
-        if head is None or head.draft_vocab is None:
-            raise UsageError("--draft-vocab needs a head with a draft_vocab.json (token frequencies): "
-                             "export it with `eagle-mdsd train-head export`, or leave --draft-vocab out")
-        if draft_vocab < 1:
-            raise UsageError(f"--draft-vocab must be at least 1, got {draft_vocab}")
-    return draft_vocab

@@ -194,3 +194,37 @@ def save_head(head: EagleHead, folder, target=None, safetensors: bool = False) -
     if head.draft_vocab is not None:
         (folder / DRAFT_VOCAB_FILE).write_text(json.dumps({"token_ids": list(head.draft_vocab)}) + "\n")
     return folder
+
+
+# On a small target the head's lm_head over the full vocabulary is most of the drafting time; the embedded
+# default's 8192 most frequent answer tokens cover nearly all of its greedy answers, so drafting over them keeps
+# tau and drafts faster (measured: docs/design.md).
+AUTO_DRAFT_VOCAB = 8192
+
+
+def resolve_draft_vocab(head, draft_vocab: int | str | None) -> int | None:
+    """A number of tokens, or None for the full vocabulary: 'full' and None give None; 'auto' gives
+    AUTO_DRAFT_VOCAB where the head ships its token ranking, else None."""
+    if draft_vocab in (None, "full"):
+        return None
+    if draft_vocab != "auto":
+        if isinstance(draft_vocab, bool) or not isinstance(draft_vocab, int):
+            raise UsageError(f"draft_vocab must be a number of tokens, 'full' or 'auto', got {draft_vocab!r}")
+        return draft_vocab
+    return min(AUTO_DRAFT_VOCAB, len(head.draft_vocab)) if head is not None and head.draft_vocab else None
+
+
+def checked_draft_vocab(head, draft_vocab) -> int | None:
+    """The draft vocabulary's size (None: the whole vocabulary), or a one-line error for a choice the head
+    cannot take."""
+    if getattr(head, "feature_layers", None) is not None and draft_vocab not in (None, "auto"):
+        raise UsageError(f"--draft-vocab {draft_vocab}: an EAGLE-3 head drafts over its own vocabulary of "
+                         f"{head.config.draft_vocab_size} tokens; drop --draft-vocab")
+    draft_vocab = resolve_draft_vocab(head, draft_vocab)
+    if draft_vocab is not None:
+        if head is None or head.draft_vocab is None:
+            raise UsageError("--draft-vocab needs a head with a draft_vocab.json (token frequencies): "
+                             "export it with `eagle-mdsd train-head export`, or leave --draft-vocab out")
+        if draft_vocab < 1:
+            raise UsageError(f"--draft-vocab must be at least 1, got {draft_vocab}")
+    return draft_vocab

@@ -16,15 +16,9 @@ the node's head drafts are verified as usual against p without l,
 renormalised - or y itself is the output when the node has no head drafts.
 The output is l with probability p(l) and any other token t with
 (1 - p(l)) p(t) / (1 - p(l)) = p(t): exact for every lossless verifier, as
-tests/test_lookup.py checks statistically on a tiny target.  The other order
-(the verifier on the head drafts against p, then the walk into whichever child
-holds its output, the lookup child too) is exact as well and accepts some
-draft at a node at least as often (one draft x ~ q under rejection sampling:
-sum_t min(p(t), q(t)) + (p(l) - q(l))_+ against p(l) + sum_{t != l}
-min(p(t), (1 - p(l)) q(t))), but it enters the lookup branch, usually the
-deeper one, less often: on 16 MT-Bench questions at T = 1 it gave tau 1.71
-against 1.77 on chain2+lookup4 and 1.81 against 1.85 on chain3+lookup4
-(evaluation/results/lookup_t1_verifier_first_2026-11-25_bfloat16.md).
+tests/test_lookup.py checks statistically on a tiny target.  The other exact
+order (the verifier on the head drafts first) enters the lookup branch, usually
+the deeper one, less often (docs/benchmarks.md).
 
 On the device (cycle.py) the context lives in a buffer, the n-gram search is a
 comparison over it, and the proposal fills node slots reserved after the
@@ -39,7 +33,6 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import UsageError
 from .tree import Tree
 
 SUFFIX = "+lookup"
@@ -80,18 +73,6 @@ class LookupTree:
 
     def check_scheme(self, scheme, vocab: int = 1 << 30) -> None:
         self.base.check_scheme(scheme, vocab)
-
-
-def split(spec: str) -> tuple[str, int | None]:
-    """'eagle_default+lookup7' -> ('eagle_default', 7); no suffix -> (spec, None)."""
-    base, found, count = spec.rpartition(SUFFIX)
-    if not found:
-        return spec, None
-    tokens = int(count) if count.isdigit() else DEFAULT_TOKENS if not count else 0
-    if not base or tokens < 1:
-        raise UsageError(f"tree {spec!r}: write TREE{SUFFIX} or TREE{SUFFIX}N with N >= 1 lookup tokens, "
-                         f"e.g. eagle_default{SUFFIX}10")
-    return base, tokens
 
 
 def propose(context: torch.Tensor, length: torch.Tensor, tokens: int, ngram: int = NGRAM) -> tuple:

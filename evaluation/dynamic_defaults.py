@@ -17,7 +17,7 @@ The cost model is the least-squares fit, over every shape's cycles,
 
 and a shape's predicted tokens/s is tau / its predicted cycle seconds: the fit pools every run's timing, so one
 noisy run does not pick the default.  The best predicted shape of each tree kind is its default on this device
-(`dynamic.DEFAULTS`).  eagle_default and chain2 run alongside as references, first and last.
+(`tree_specs.DEFAULTS`).  eagle_default and chain2 run alongside as references, first and last.
 
     .venv/bin/python evaluation/dynamic_defaults.py [--device cpu] [--prompts 4] [--max-new-tokens 64] [--out DIR]
 
@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy
 import torch
 
-from eagle_mdsd import benchmarks, dynamic, engine, head, models, sequoia
+from eagle_mdsd import benchmarks, dynamic, engine, head, models, sequoia, tree_specs
 
 # The shapes tried: from a chain's size to well past eagle_default's cost on a CPU; a depth beyond the drafted
 # tokens only adds head passes, so such shapes are left out.
@@ -143,7 +143,7 @@ def main() -> None:
     random.Random(0).shuffle(shapes)
     started, runs = time.perf_counter(), {}
     for spec in [REFERENCES[0], *shapes, REFERENCES[1]]:
-        decoder = engine.Decoder(target, draft_head, dynamic.load(spec, device=args.device), eos_token_ids=eos,
+        decoder = engine.Decoder(target, draft_head, tree_specs.load(spec, device=args.device), eos_token_ids=eos,
                                  draft_vocab="auto")
         decoder.generate(prompts[0], 16, 0.0)  # warm-up
         runs[spec] = measure(decoder, prompts, args.max_new_tokens)

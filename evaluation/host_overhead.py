@@ -39,7 +39,7 @@ import torch
 import transformers
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from eagle_mdsd import benchmarks, dynamic, engine, head, hostsync, verification
+from eagle_mdsd import benchmarks, engine, head, hostsync, tree_specs, verification
 
 ROWS = [  # (label, method, tree, drafter, verifier, temperature)
     ("our plain step", "baseline", None, "topk", "topk", 0.0),
@@ -94,7 +94,7 @@ class Runner:
 def ours(target, draft_head, row, tokens: int, kernels: str, cuda_graphs: str = "off") -> Runner:
     """cuda_graphs 'emulate': graphs.Emulated, whose replays count as one launch each."""
     _, method, tree_name, drafter, verifier, temperature = row
-    topology = dynamic.load(tree_name, "cuda") if tree_name else None  # the host's cost a GPU's trees make
+    topology = tree_specs.load(tree_name, "cuda") if tree_name else None  # the host's cost a GPU's trees make
     decoder = engine.Decoder(target, draft_head if method == "eagle" else None, topology, drafter, verifier,
                              kernels_choice=kernels, cuda_graphs=cuda_graphs)
 

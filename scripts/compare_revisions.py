@@ -33,7 +33,8 @@ from pathlib import Path
 
 import torch
 
-from eagle_mdsd import bench, benchmarks, drafting, dynamic, engine, head, lookup, models, questions, verification
+from eagle_mdsd import (bench, benchmarks, drafting, dynamic, engine, head, lookup, models, questions, tree_specs,
+                        verification)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -145,7 +146,7 @@ def main() -> None:
         parser.error(f"{args.revision!r} is not a commit of this repository: give a commit, tag or branch "
                      "(git log --oneline lists them)")
     try:
-        trees = {spec: dynamic.load(spec) for spec in args.trees}
+        trees = {spec: tree_specs.load(spec) for spec in args.trees}
         drafter, _, verifier = args.pair.partition("/")
         verification.check_pair(drafting.get(drafter), verification.get(verifier))
     except (ValueError, FileNotFoundError) as error:

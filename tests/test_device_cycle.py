@@ -17,7 +17,7 @@ import torch
 
 from scipy import stats
 
-from eagle_mdsd import dynamic, engine, graphs, head, hostsync, tree, verification
+from eagle_mdsd import engine, graphs, head, hostsync, tree, tree_specs, verification
 
 from tiny import tiny_family, tiny_target
 
@@ -37,7 +37,7 @@ BUDGETS = {  # tree (None: our plain step) -> most ops, most replays, transfers
 }
 
 
-# Dynamic trees here take the shapes a GPU grows (dynamic.load(spec, "cuda")): these are the GPU's cycles.
+# Dynamic trees here take the shapes a GPU grows (tree_specs.load(spec, "cuda")): these are the GPU's cycles.
 @pytest.fixture(scope="module")
 def target_and_head():
     target = tiny_family("llama").float()
@@ -52,7 +52,7 @@ def target_and_head():
 def test_a_greedy_cycle_with_graphs_stays_within_its_host_budget(target_and_head, spec):
     target, draft_head = target_and_head
     method = "baseline" if spec is None else "eagle"
-    decoder = engine.Decoder(target, draft_head if spec else None, dynamic.load(spec, "cuda") if spec else None,
+    decoder = engine.Decoder(target, draft_head if spec else None, tree_specs.load(spec, "cuda") if spec else None,
                              cuda_graphs="emulate")
 
     def call(tokens):
@@ -72,8 +72,8 @@ def test_replayed_cycles_are_greedy_over_longer_answers(target_and_head, spec):
     # eagle2:top_k=2 grows 22 candidates, fewer than its 59 nodes.  Greedy tokens, accept lengths and the walk's
     # child ranks (sequoia.py reads them) are the eager cycle's, over several span buckets' worth of cycles.
     target, draft_head = target_and_head
-    eager = engine.Decoder(target, draft_head, dynamic.load(spec, "cuda")).generate(PROMPT, TOKENS, 0.0)
-    device = engine.Decoder(target, draft_head, dynamic.load(spec, "cuda"), cuda_graphs="emulate")
+    eager = engine.Decoder(target, draft_head, tree_specs.load(spec, "cuda")).generate(PROMPT, TOKENS, 0.0)
+    device = engine.Decoder(target, draft_head, tree_specs.load(spec, "cuda"), cuda_graphs="emulate")
     reference = engine.Decoder(target).generate(PROMPT, TOKENS, method="baseline").token_ids
     for _ in range(2):  # the second call replays the graphs of the first
         result = device.generate(PROMPT, TOKENS, 0.0)
@@ -87,7 +87,7 @@ def test_replayed_cycles_are_greedy_over_longer_answers(target_and_head, spec):
 def test_a_token_budget_inside_a_path_cuts_the_device_cycle_there(target_and_head):
     # The loop queues a cycle ahead only where the budget cannot end the call; any budget gives the prefix.
     target, draft_head = target_and_head
-    device = engine.Decoder(target, draft_head, dynamic.load("eagle2", "cuda"), cuda_graphs="emulate")
+    device = engine.Decoder(target, draft_head, tree_specs.load("eagle2", "cuda"), cuda_graphs="emulate")
     full = device.generate(PROMPT, TOKENS, 0.0).token_ids
     for tokens in (1, 2, 3, 7, 11):
         assert device.generate(PROMPT, tokens, 0.0).token_ids == full[:tokens]
@@ -108,7 +108,7 @@ def test_a_sampled_cycle_with_graphs_stays_within_its_host_budget(target_and_hea
     # at most 5 ops outside the graphs, 2 replays and 1 transfer a cycle at T = 1, every pair on every tree kind
     target, draft_head = target_and_head
     spec = SAMPLED_KINDS[kind][pair[0] == "spechub"]
-    decoder = engine.Decoder(target, draft_head, dynamic.load(spec, "cuda"), *pair, cuda_graphs="emulate")
+    decoder = engine.Decoder(target, draft_head, tree_specs.load(spec, "cuda"), *pair, cuda_graphs="emulate")
 
     def call(tokens):
         return decoder.generate(PROMPT, tokens, 1.0, seed=tokens).cycles or 1
@@ -167,8 +167,8 @@ def test_a_graph_replaying_stale_random_numbers_is_caught():
     honest = engine.Decoder(target, draft_head, topology, "without_replacement", "rrs_wo", cuda_graphs="emulate")
     stale = engine.Decoder(target, draft_head, topology, "without_replacement", "rrs_wo", cuda_graphs="emulate")
     stale.graphs = StaleReplays()
-    assert first_three_p_value(honest, target, 1500) > 1e-3
-    assert first_three_p_value(stale, target, 1500) < 1e-6
+    assert first_three_p_value(honest, target, 1000) > 1e-3  # the power of test_engine.py's RUNS
+    assert first_three_p_value(stale, target, 200) < 1e-6  # a stale replay draws one sequence again and again
 
 
 @pytest.mark.parametrize("pair", verification.pairs())

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from eagle_mdsd import drafting, dynamic, engine, head, sequoia, verification
+from eagle_mdsd import drafting, dynamic, engine, head, sequoia, tree_specs, verification
 from test_engine import P_VALUE, PROMPT, chi_square_p_value, empirical_first_three, exact_first_three
 from tiny import tiny_target
 
@@ -30,14 +30,14 @@ def tiny():
 def test_dynamic_trees_are_greedy_at_temperature_zero(tiny, spec):
     target, draft_head = tiny
     reference = engine.Decoder(target).generate(PROMPT, 14, method="baseline").token_ids
-    result = engine.Decoder(target, draft_head, dynamic.load(spec)).generate(PROMPT, 14, 0.0)
+    result = engine.Decoder(target, draft_head, tree_specs.load(spec)).generate(PROMPT, 14, 0.0)
     assert result.token_ids == reference
     assert all(-1 <= rank < 3 for rank in result.accepted_ranks)
 
 
 def test_opt_tree_follows_the_target_exactly_at_temperature_one(tiny):
     target, draft_head = tiny
-    decoder = engine.Decoder(target, draft_head, dynamic.load(SPECS[2]))
+    decoder = engine.Decoder(target, draft_head, tree_specs.load(SPECS[2]))
     assert chi_square_p_value(empirical_first_three(decoder, 1.0), exact_first_three(target, 1.0)) > P_VALUE
 
 
@@ -58,14 +58,14 @@ assert {pair[:2] for pair in SAMPLED} == set(verification.pairs())
 @pytest.mark.parametrize("drafter, verifier, spec", SAMPLED, ids=[f"{d}-{v}" for d, v, _ in SAMPLED])
 def test_sampled_children_follow_the_target_exactly_at_temperature_one(tiny, drafter, verifier, spec):
     target, draft_head = tiny
-    decoder = engine.Decoder(target, draft_head, dynamic.load(spec), drafter, verifier)
+    decoder = engine.Decoder(target, draft_head, tree_specs.load(spec), drafter, verifier)
     assert chi_square_p_value(empirical_first_three(decoder, 1.0), exact_first_three(target, 1.0)) > P_VALUE
 
 
 def test_sampled_children_are_greedy_at_temperature_zero(tiny):
     target, draft_head = tiny
     reference = engine.Decoder(target).generate(PROMPT, 14, method="baseline").token_ids
-    decoder = engine.Decoder(target, draft_head, dynamic.load(SAMPLED[0][2]), "greedy", "greedy")
+    decoder = engine.Decoder(target, draft_head, tree_specs.load(SAMPLED[0][2]), "greedy", "greedy")
     assert decoder.generate(PROMPT, 14, 0.0).token_ids == reference
 
 
@@ -77,7 +77,7 @@ def test_sampled_children_are_greedy_at_temperature_zero(tiny):
 def test_dynamic_trees_refuse_pairs_that_would_not_be_exact(tiny, spec, drafter, verifier, message):
     target, draft_head = tiny
     with pytest.raises(ValueError, match=message):
-        engine.Decoder(target, draft_head, dynamic.load(spec), drafter, verifier)
+        engine.Decoder(target, draft_head, tree_specs.load(spec), drafter, verifier)
 
 
 @pytest.mark.parametrize("spec, message", [
@@ -89,7 +89,7 @@ def test_dynamic_trees_refuse_pairs_that_would_not_be_exact(tiny, spec, drafter,
 ])
 def test_bad_dynamic_trees_are_one_line_errors(spec, message):
     with pytest.raises(ValueError, match=message):
-        dynamic.load(spec)
+        tree_specs.load(spec)
 
 
 @pytest.mark.parametrize("spec, overrides, message", [
@@ -101,26 +101,26 @@ def test_bad_dynamic_trees_are_one_line_errors(spec, message):
 def test_dynamic_tree_flags_that_do_not_shape_the_tree_are_refused(spec, overrides, message):
     """A flag the tree does not take is an error, not dropped unseen."""
     with pytest.raises(ValueError, match=message):
-        dynamic.load(spec, **overrides)
+        tree_specs.load(spec, **overrides)
     unset = dict.fromkeys(overrides)  # the CLI passes None for flags it was not given: no error then
-    assert repr(dynamic.load(spec, **unset)) == repr(dynamic.load(spec))
+    assert repr(tree_specs.load(spec, **unset)) == repr(tree_specs.load(spec))
 
 
 def test_flags_shape_the_dynamic_tree_they_belong_to():
-    assert dynamic.load("eagle2", "cuda", total_tokens=9, depth=3, top_k=None) == dynamic.make("eagle2", 8, 3, 10)
-    assert dynamic.load("opt_tree", "cuda", nodes=12, threshold=0.5) == dynamic.make("opt_tree", 12, 10, 8, 0.5)
+    assert tree_specs.load("eagle2", "cuda", total_tokens=9, depth=3, top_k=None) == dynamic.make("eagle2", 8, 3, 10)
+    assert tree_specs.load("opt_tree", "cuda", nodes=12, threshold=0.5) == dynamic.make("opt_tree", 12, 10, 8, 0.5)
 
 
 def test_a_gpu_grows_eagle2s_own_trees_and_a_cpu_its_measured_ones():
     """EAGLE-2's released shape on a GPU ('auto' spreads a target over GPUs); the CPU's from its own table."""
     for device in ("cuda", "cuda:1", "auto"):
-        assert dynamic.load("eagle2", device) == dynamic.make("eagle2", 59, 6, 10)
-        assert dynamic.load("opt_tree", device) == dynamic.make("opt_tree", 40, 10, 8, 0.1)
-    cpu = dynamic.DEFAULTS["cpu"]
-    assert dynamic.load("eagle2") == dynamic.load("eagle2", "cpu") == dynamic.make(
+        assert tree_specs.load("eagle2", device) == dynamic.make("eagle2", 59, 6, 10)
+        assert tree_specs.load("opt_tree", device) == dynamic.make("opt_tree", 40, 10, 8, 0.1)
+    cpu = tree_specs.DEFAULTS["cpu"]
+    assert tree_specs.load("eagle2") == tree_specs.load("eagle2", "cpu") == dynamic.make(
         "eagle2", cpu["eagle2"]["total_tokens"] - 1, cpu["eagle2"]["depth"], cpu["eagle2"]["top_k"])
-    assert dynamic.load("opt_tree:top_k=3", "cpu").nodes == cpu["opt_tree"]["nodes"]
-    assert dynamic.load("eagle2+lookup", "cpu").base == dynamic.load("eagle2", "cpu")
+    assert tree_specs.load("opt_tree:top_k=3", "cpu").nodes == cpu["opt_tree"]["nodes"]
+    assert tree_specs.load("eagle2+lookup", "cpu").base == tree_specs.load("eagle2", "cpu")
 
 
 def _grown(seed: int, spec: dynamic.DynamicTree, vocab: int = 6, eager: bool = False):

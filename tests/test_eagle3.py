@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from eagle_mdsd import dynamic, eagle3, engine, head, tree, verification
+from eagle_mdsd import eagle3, engine, head, tree, tree_specs, verification
 
 from test_engine import PROMPT, P_VALUE, TREES, chi_square_p_value, empirical_first_three, exact_first_three
 from tiny import tiny_target
@@ -127,7 +127,7 @@ def test_temperature_zero_is_greedy_with_an_eagle3_head_for_every_pair(tiny3, sp
     pairs = verification.pairs() if base == "wide" else [("topk", "topk")]
     for scheme, verifier in pairs:
         shape = "binary2" if scheme == "spechub" else "wide"  # SpecHub drafts two children a node
-        topology = tree.compile_tree(TREES[shape]) if base == "wide" else dynamic.load(base)
+        topology = tree.compile_tree(TREES[shape]) if base == "wide" else tree_specs.load(base)
         if spec.endswith("+lookup"):
             from eagle_mdsd import lookup
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from scipy import stats
 
-from eagle_mdsd import dynamic, engine, head, tree, verification
+from eagle_mdsd import engine, head, tree, tree_specs, verification
 
 from instances import SkipsDuplicateUpdate
 from tiny import tiny_family, tiny_target
@@ -232,17 +232,17 @@ def test_other_architectures_decode_greedily_and_losslessly(family):
 
 def test_draft_vocabulary_takes_full_and_refuses_other_words(tiny):
     target, draft_head = tiny
-    assert engine.resolve_draft_vocab(draft_head, "full") is None and engine.resolve_draft_vocab(draft_head, None) is None
+    assert head.resolve_draft_vocab(draft_head, "full") is None and head.resolve_draft_vocab(draft_head, None) is None
     with pytest.raises(ValueError, match="number of tokens, 'full' or 'auto'"):
         engine.Decoder(target, draft_head, tree.compile_tree(TREES["wide"]), draft_vocab="8192")
 
 
 def test_auto_draft_vocabulary_follows_the_head(tiny):
     _, draft_head = tiny
-    assert engine.resolve_draft_vocab(draft_head, "auto") is None and engine.resolve_draft_vocab(None, "auto") is None
+    assert head.resolve_draft_vocab(draft_head, "auto") is None and head.resolve_draft_vocab(None, "auto") is None
     draft_head.draft_vocab = list(range(4))
     try:
-        assert engine.resolve_draft_vocab(draft_head, "auto") == 4 and engine.resolve_draft_vocab(draft_head, 2) == 2
+        assert head.resolve_draft_vocab(draft_head, "auto") == 4 and head.resolve_draft_vocab(draft_head, 2) == 2
     finally:
         draft_head.draft_vocab = None
 
@@ -258,7 +258,7 @@ def test_every_kind_of_tree_stays_greedy(sharp_llama, spec):
     for pair in (("topk", "topk"), ("without_replacement", "rrs_wo")):
         if spec.startswith("opt_tree") and pair[0] != "topk":
             continue
-        result = engine.Decoder(target, draft_head, dynamic.load(spec), *pair).generate(PROMPT, 24, 0.0)
+        result = engine.Decoder(target, draft_head, tree_specs.load(spec), *pair).generate(PROMPT, 24, 0.0)
         assert result.token_ids == reference and result.cycles < 23, (spec, pair)
 
 
@@ -275,10 +275,10 @@ def test_an_eos_inside_an_accepted_path_ends_the_count_there(sharp_llama):
     # At T = 0 the tree is resolved at once, so a path can run on past an accepted EOS: the tokens, the accept
     # lengths and the walk's child ranks stop at the EOS all the same.
     target, draft_head = sharp_llama
-    plain = engine.Decoder(target, draft_head, dynamic.load("eagle_default")).generate(PROMPT, 24, 0.0)
+    plain = engine.Decoder(target, draft_head, tree_specs.load("eagle_default")).generate(PROMPT, 24, 0.0)
     assert plain.accept_lengths[0] > 1  # the first cycle accepts a draft: an EOS there sits inside a path
     eos = plain.token_ids[1]
-    stopped = engine.Decoder(target, draft_head, dynamic.load("eagle_default"), eos_token_ids=[eos])
+    stopped = engine.Decoder(target, draft_head, tree_specs.load("eagle_default"), eos_token_ids=[eos])
     result = stopped.generate(PROMPT, 24, 0.0)
     assert result.token_ids == plain.token_ids[:2] and result.accept_lengths == [1]
     assert result.accepted_ranks == plain.accepted_ranks[:1]
@@ -292,8 +292,8 @@ def test_graphs_emulated_decode_as_eager_calls(sharp_llama, spec):
     # and T = 1, so every test of the eager cycle certifies the replayed one.
     target, draft_head = sharp_llama
     pair = ("topk", "topk") if spec.startswith("opt_tree") else ("without_replacement", "rrs_wo")
-    eager = engine.Decoder(target, draft_head, dynamic.load(spec), *pair)
-    replayed = engine.Decoder(target, draft_head, dynamic.load(spec), *pair, cuda_graphs="emulate")
+    eager = engine.Decoder(target, draft_head, tree_specs.load(spec), *pair)
+    replayed = engine.Decoder(target, draft_head, tree_specs.load(spec), *pair, cuda_graphs="emulate")
     for seed, temperature in ((0, 0.0), (1, 1.0), (2, 1.0)):
         expected = eager.generate(PROMPT, 20, temperature, seed=seed)
         result = replayed.generate(PROMPT, 20, temperature, seed=seed)

@@ -7,7 +7,7 @@ import itertools
 import pytest
 import torch
 
-from eagle_mdsd import drafting, dynamic, engine, head, lookup, tree, verification
+from eagle_mdsd import drafting, engine, head, lookup, tree, tree_specs, verification
 from test_engine import P_VALUE, PROMPT, TREES, chi_square_p_value, empirical_first_three, exact_first_three
 from tiny import tiny_target
 
@@ -59,7 +59,7 @@ def test_the_graft_shares_drafted_prefixes_and_hangs_the_rest_as_a_chain():
 @pytest.mark.parametrize("spec", ["wide", "eagle2:total_tokens=7,depth=3,top_k=2"])
 def test_lookup_trees_are_greedy_and_accept_the_repeats(tiny, spec):
     target, draft_head = tiny
-    base = tree.compile_tree(TREES["wide"]) if spec == "wide" else dynamic.load(spec)
+    base = tree.compile_tree(TREES["wide"]) if spec == "wide" else tree_specs.load(spec)
     greedy = engine.Decoder(target).generate(PROMPT, 40, method="baseline").token_ids
     alone = engine.Decoder(target, draft_head, base).generate(PROMPT, 40, 0.0)
     with_lookup = engine.Decoder(target, draft_head, lookup.LookupTree(base, 6)).generate(PROMPT, 40, 0.0)
@@ -69,12 +69,12 @@ def test_lookup_trees_are_greedy_and_accept_the_repeats(tiny, spec):
 
 
 def test_lookup_trees_load_by_name():
-    loaded = dynamic.load("eagle_default+lookup")
+    loaded = tree_specs.load("eagle_default+lookup")
     assert isinstance(loaded, lookup.LookupTree) and loaded.tokens == 10 and loaded.label == "eagle_default+lookup10"
-    assert dynamic.load("eagle2:depth=3+lookup4").base.max_depth == 3
+    assert tree_specs.load("eagle2:depth=3+lookup4").base.max_depth == 3
     for bad in ("eagle_default+lookup0", "+lookup", "eagle_default+lookupx"):
         with pytest.raises(ValueError, match=r"write TREE\+lookup or TREE\+lookupN"):
-            dynamic.load(bad)
+            tree_specs.load(bad)
 
 
 # The prompt holds every token of the 4-token vocabulary, so every cycle has a lookup proposal; with the wide
@@ -90,7 +90,7 @@ assert {case[:2] for case in SAMPLED} == set(verification.pairs())
 @pytest.mark.parametrize("scheme, verifier, spec", SAMPLED, ids=["-".join(c) for c in SAMPLED])
 def test_sampling_with_lookup_drafts_follows_the_target_exactly(tiny, scheme, verifier, spec):
     target, draft_head = tiny
-    base = tree.compile_tree(TREES[spec]) if spec in TREES else dynamic.load(spec)
+    base = tree.compile_tree(TREES[spec]) if spec in TREES else tree_specs.load(spec)
     decoder = engine.Decoder(target, draft_head, lookup.LookupTree(base, 3), scheme, verifier)
     assert chi_square_p_value(empirical_first_three(decoder, 1.0), exact_first_three(target, 1.0)) > P_VALUE
 

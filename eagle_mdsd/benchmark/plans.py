@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .. import dynamic, lookup, peers, verification
+from .. import lookup, peers, tree_specs, verification
 from ..errors import UsageError
 
 METHODS = ("eagle", "baseline") + peers.METHODS
@@ -120,7 +120,7 @@ def benchmark_setups(trees, drafter: str, verifier: str, sampled: tuple[str, str
     setups = []
     for entry in trees:
         spec, own_drafter, own_verifier = tree_and_pair(entry, drafter, verifier)
-        topology = dynamic.load(spec, device)
+        topology = tree_specs.load(spec, device)
         check_fits(topology, own_drafter, own_verifier)
         own = "" if (own_drafter, own_verifier) == (drafter, verifier) else f"@{own_drafter}/{own_verifier}"
         own_run = (tree_label(topology) + own, topology, own_drafter, own_verifier)
@@ -138,7 +138,7 @@ def _sampling_topology(topology, sampling_tree: str):
     any), or the entry's own tree for 'same'."""
     if sampling_tree == "same":
         return topology
-    sampled_topology = dynamic.load(sampling_tree)
+    sampled_topology = tree_specs.load(sampling_tree)
     if not sampled_topology.static or sampled_topology.grafted:
         raise UsageError(f"--sampling-tree {sampling_tree}: give a static tree (a name, chainN or a "
                          f"file), or 'same'")
@@ -151,7 +151,7 @@ def sweep_cells(plan: SweepPlan) -> tuple[dict, list[tuple]]:
     """({label: topology} of the plan's trees, [(temperature, tree label, drafter, verifier)] of every cell that
     fits); a plan with no cell that fits is a one-line error."""
     pairs = plan.pairs or verification.pairs()
-    topologies = {tree_label(topology): topology for topology in (dynamic.load(tree, plan.device) for tree in plan.trees)}
+    topologies = {tree_label(topology): topology for topology in (tree_specs.load(tree, plan.device) for tree in plan.trees)}
     for drafter, verifier in pairs:
         verification.check_pair(drafter, verifier)
     cells = []

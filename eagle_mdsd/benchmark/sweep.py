@@ -7,7 +7,7 @@ from __future__ import annotations
 import datetime
 from pathlib import Path
 
-from .. import bench, engine, head, models, questions
+from .. import bench, head, models, questions
 from ..errors import Interrupted
 from . import answering, pages, records, runners, selection
 from .plans import SweepPlan, sweep_cells
@@ -26,7 +26,7 @@ def sweep(out: Path, answers: Path, plan: SweepPlan = SweepPlan(), command: str 
     try:  # from here on, the run's folder is there (empty while the model loads) and resumes
         target, tokenizer = models.load_target(None, models.parse_dtype(plan.dtype), plan.device)
         draft_head = head.load_head(models.DEFAULT_HEAD, target)
-        draft_vocab = engine.resolve_draft_vocab(draft_head, plan.draft_vocab)
+        draft_vocab = head.resolve_draft_vocab(draft_head, plan.draft_vocab)
         files, row_settings = cell_files(folder, plan, cells, draft_vocab)
         timed_on = answering.check_files(folder, files, row_settings, chosen, plan.device)
 

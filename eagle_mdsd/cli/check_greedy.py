@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime
 from pathlib import Path
 
-from .. import checks, dynamic, graphs, outputs, validate
+from .. import checks, graphs, outputs, tree_specs, validate
 from . import options
 
 
@@ -32,7 +32,7 @@ def run(args) -> None:
 
     for name in args.trees:  # a bad tree name before any model loads
         if name not in checks.NOT_TREES:
-            dynamic.load(name)
+            tree_specs.load(name)
     out = Path(args.out)
     model = ("" if args.base_model in (None, models.EMBEDDED)
              else "_" + models.model_name(args.base_model).removesuffix(".gguf"))

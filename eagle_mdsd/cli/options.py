@@ -8,7 +8,7 @@ import math
 import os
 from pathlib import Path
 
-from .. import dynamic, graphs, kernels, models, validate
+from .. import graphs, kernels, models, tree_specs, validate
 from ..errors import UsageError
 from ..benchmark.plans import METHODS  # the methods every subcommand offers, defined once
 
@@ -119,7 +119,7 @@ def eagle() -> argparse.ArgumentParser:
     group.add_argument("--drafter", dest="scheme", default="topk", help="drafting scheme (`eagle-mdsd pairs`)")
     group.add_argument("--verifier", default="topk", help="verifier (`eagle-mdsd pairs`)")
     group.add_argument("--draft-vocab", type=draft_vocab, default="auto", help=DRAFT_VOCAB_HELP)
-    for option, kind, trees, text in DYNAMIC_OPTIONS:  # defaults by device: dynamic.DEFAULTS
+    for option, kind, trees, text in DYNAMIC_OPTIONS:  # defaults by device: tree_specs.DEFAULTS
         shown = ", ".join(f"{tree} {_default(tree, option)}" for tree in trees)
         group.add_argument("--" + option.replace("_", "-"), type=kind, default=None, help=f"{text} ({shown})")
     return parser
@@ -134,7 +134,7 @@ DYNAMIC_OPTIONS = [("total_tokens", int, ["eagle2"], "tokens verified per cycle"
 
 def _default(tree: str, option: str) -> str:
     """A dynamic tree option's default by device, 'cuda 60/cpu 12', or the one value where they agree."""
-    values = {kind: defaults[tree][option] for kind, defaults in dynamic.DEFAULTS.items()}
+    values = {kind: defaults[tree][option] for kind, defaults in tree_specs.DEFAULTS.items()}
     return f"{values['cpu']:g}" if len(set(values.values())) == 1 else "/".join(f"{kind} {value:g}" for kind, value in values.items())
 
 

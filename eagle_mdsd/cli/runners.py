@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .. import dynamic, engine, peers, verification
+from .. import engine, peers, tree_specs, verification
 from ..errors import UsageError
 from . import options
 
@@ -29,7 +29,7 @@ def check_method_options(args) -> None:
 
 def topology(args):
     """The tree of --tree and its options (a static, dynamic or lookup tree)."""
-    return dynamic.load(args.tree, args.device, total_tokens=args.total_tokens, depth=args.depth, top_k=args.top_k,
+    return tree_specs.load(args.tree, args.device, total_tokens=args.total_tokens, depth=args.depth, top_k=args.top_k,
                         nodes=args.nodes, threshold=args.threshold, max_depth=args.max_depth)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import dynamic, models, validate, verification
+from .. import models, tree_specs, validate, verification
 from ..benchmark import plans, sweep
 from ..errors import UsageError
 from . import options
@@ -35,7 +35,7 @@ def run(args) -> None:
     temperatures = options.temperatures(args.temperatures)
     models.check_device(args.device)  # before the run's folder is made
     for tree in args.trees:  # the trees and pairs before any model loads
-        dynamic.load(tree, args.device)
+        tree_specs.load(tree, args.device)
     for scheme, verifier in pairs or ():
         verification.check_pair(scheme, verifier)
     plan = plans.SweepPlan(

@@ -52,7 +52,7 @@ def depth1_scores(draft_head, target, sample: dict, rows: torch.Tensor | None = 
 def teacher_forced(draft_head, target, tokenizer, prompts: list[str], max_new_tokens: int = 64) -> tuple[float, float]:
     """(top-1, acceptance) of `depth1_scores` on the target's own greedy answers to the prompts, q over the draft
     vocabulary the decoder uses by default."""
-    from ..engine import resolve_draft_vocab
+    from ..head import resolve_draft_vocab
 
     size = resolve_draft_vocab(draft_head, "auto")
     rows = None if size is None else torch.tensor(sorted(draft_head.draft_vocab[:size]))

@@ -1,0 +1,77 @@
+"""A tree by its spec, as --tree and --trees take it: a static tree (a name, chainN or a .json file: tree.load), a
+dynamic one ('eagle2', 'opt_tree', with options as in 'eagle2:total_tokens=16,depth=5,top_k=4'), and any of them
++ 'lookup' or 'lookupN' (prompt-lookup drafts grafted on: lookup.py)."""
+
+from __future__ import annotations
+
+from . import dynamic, lookup
+from . import tree as static_trees
+from .errors import UsageError
+
+# Each tree's shape by device.  On a GPU, EAGLE-2's released defaults (total_token 60, depth 5 after the first
+# level, top_k 10) and OPT-Tree's budget: a forward over 60 tokens costs about what one over a token does.  On a
+# CPU it grows with the tokens, and the shapes are those its cost model predicts fastest
+# (evaluation/dynamic_defaults.py; its page is cited in docs/design.md).
+DEFAULTS = {"cuda": {"eagle2": {"total_tokens": 60, "depth": 6, "top_k": 10},
+                     "opt_tree": {"nodes": 40, "threshold": 0.1, "max_depth": 10, "top_k": 8}},
+            "cpu": {"eagle2": {"total_tokens": 12, "depth": 3, "top_k": 4},
+                    "opt_tree": {"nodes": 8, "threshold": 0.4, "max_depth": 10, "top_k": 4}}}
+
+
+def device_kind(device) -> str:
+    """'cpu' for a CPU, else 'cuda' (a GPU, or 'auto': layers spread over the GPUs)."""
+    return "cpu" if str(device).startswith("cpu") else "cuda"
+
+
+def _flags(options) -> str:
+    """The CLI flags of options: ['total_tokens', 'top_k'] -> '--total-tokens, --top-k'."""
+    return ", ".join("--" + option.replace("_", "-") for option in options)
+
+
+def load(spec: str, device="cpu", **overrides):
+    """A static tree (tree.load) or a dynamic one: 'eagle2', 'opt_tree', or with options such as
+    'eagle2:total_tokens=16,depth=5,top_k=4', unset options taking their DEFAULTS on `device`; `overrides`
+    (CLI flags, None = unset) apply first.  Any of them + 'lookup' or 'lookupN': prompt-lookup drafts grafted on
+    at temperature 0 (lookup.py)."""
+    base, tokens = split(spec)
+    if tokens is not None:
+        return lookup.LookupTree(load(base, device, **overrides), tokens)
+    name, _, options = spec.partition(":")
+    given = {key: value for key, value in overrides.items() if value is not None}
+    if name not in dynamic.NAMES:
+        if given:
+            raise UsageError(f"{_flags(given)} shape dynamic trees ({', '.join(dynamic.NAMES)}), not tree "
+                             f"{spec!r}: drop {'it' if len(given) == 1 else 'them'} or pick a dynamic tree")
+        return static_trees.load(spec)
+    values = dict(DEFAULTS[device_kind(device)][name])
+    unused = [key for key in given if key not in values]
+    if unused:
+        raise UsageError(f"{name} does not take {_flags(unused)} (it takes {_flags(values)}): drop "
+                         f"{'it' if len(unused) == 1 else 'them'}")
+    values.update(given)
+    for item in filter(None, options.split(",")):
+        key, _, raw = item.partition("=")
+        if key not in values:
+            raise UsageError(f"tree {spec!r}: unknown option {key!r}; {name} takes {', '.join(values)}")
+        try:
+            values[key] = type(values[key])(raw)
+        except ValueError:
+            raise UsageError(f"tree {spec!r}: {key} must be a number, got {raw!r}") from None
+    if name == "eagle2":
+        if values["total_tokens"] < 2:
+            raise UsageError(f"eagle2: --total-tokens (total_tokens) counts the root and its drafts, so it must be "
+                             f"at least 2, got {values['total_tokens']}")
+        return dynamic.make(name, values["total_tokens"] - 1, values["depth"], values["top_k"])
+    return dynamic.make(name, values["nodes"], values["max_depth"], values["top_k"], values["threshold"])
+
+
+def split(spec: str) -> tuple[str, int | None]:
+    """'eagle_default+lookup7' -> ('eagle_default', 7); no suffix -> (spec, None)."""
+    base, found, count = spec.rpartition(lookup.SUFFIX)
+    if not found:
+        return spec, None
+    tokens = int(count) if count.isdigit() else lookup.DEFAULT_TOKENS if not count else 0
+    if not base or tokens < 1:
+        raise UsageError(f"tree {spec!r}: write TREE{lookup.SUFFIX} or TREE{lookup.SUFFIX}N with N >= 1 lookup "
+                         f"tokens, e.g. eagle_default{lookup.SUFFIX}10")
+    return base, tokens
