@@ -33,7 +33,6 @@ from dataclasses import dataclass
 
 import torch
 
-from .tree import Tree
 
 SUFFIX = "+lookup"
 DEFAULT_TOKENS = 10

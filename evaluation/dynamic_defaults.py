@@ -34,7 +34,6 @@ import time
 from pathlib import Path
 
 import numpy
-import torch
 
 from eagle_mdsd import benchmarks, dynamic, engine, head, models, sequoia, tree_specs
 
