@@ -15,6 +15,8 @@ Batch convention: p, q are [..., V], drafts [..., n]; leading dims broadcast.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from . import drafting
@@ -110,27 +112,33 @@ class RecursiveRejection(Verifier):
         return _mix(drafts, torch.stack(weights, -1), still_rejected, residual)
 
 
-# Halvings of [1, n] in kseq_rho: the root is within (n - 1) / 2**RHO_STEPS of the returned rho, below float64's
-# resolution for n < 2**10.
-RHO_STEPS = 64
+# kseq_rho narrows [1, n] by 2**RHO_STEPS: the root is within (n - 1) / 2**RHO_STEPS of the returned rho, below
+# float64's resolution for n < 2**10.  Each round evaluates h at 2**b - 1 points, b = 4 where the grid of beta
+# [rows, points, V] holds at most RHO_GRID float64s (a small vocabulary: 16 rounds instead of 64 halvings), else
+# fewer down to plain bisection.
+RHO_STEPS, RHO_GRID = 64, 1 << 22
 
 
 def kseq_rho(p: torch.Tensor, q: torch.Tensor, n: int) -> torch.Tensor:
-    """rho* for every node of a batch (p, q: [..., V]); float64 tensor of the batch shape.  RHO_STEPS bisection
-    steps of h(rho) = 1 - (1 - beta)^n - rho beta over [1, n], all rows at once in float64 (h(1) >= 0 >= h(n),
-    one sign change): tensor ops only, no host decision, so it runs inside a CUDA graph."""
+    """rho* for every node of a batch (p, q: [..., V]); float64 tensor of the batch shape.  A search for the sign
+    change of h(rho) = 1 - (1 - beta)^n - rho beta over [1, n] (h(1) >= 0 >= h(n), one sign change), all rows at
+    once in float64: tensor ops only, no host decision, so it runs inside a CUDA graph."""
     p, q = p.detach().double(), q.detach().double()
     batch = torch.broadcast_shapes(p.shape[:-1], q.shape[:-1])
     lo = torch.ones(batch, dtype=torch.float64, device=p.device)
     if n == 1:
         return lo
-    hi = torch.full_like(lo, float(n))
-    for _ in range(RHO_STEPS):
-        mid = 0.5 * (lo + hi)
-        beta = torch.minimum(q, p / mid.unsqueeze(-1)).sum(-1)
-        up = 1.0 - (1.0 - beta) ** n - mid * beta >= 0
-        lo, hi = torch.where(up, mid, lo), torch.where(up, hi, mid)
-    return 0.5 * (lo + hi)
+    entries = math.prod(batch) * p.shape[-1]
+    bits = next(b for b in (4, 2, 1) if entries << b <= RHO_GRID or b == 1)
+    grid = torch.arange(1, 1 << bits, dtype=torch.float64, device=p.device) / (1 << bits)  # [points]
+    width, p, q = torch.full_like(lo, float(n - 1)), p.unsqueeze(-2), q.unsqueeze(-2)
+    for _ in range(RHO_STEPS // bits):
+        points = lo.unsqueeze(-1) + width.unsqueeze(-1) * grid  # [..., points]
+        beta = torch.minimum(q, p / points.unsqueeze(-1)).sum(-1)
+        above = (1.0 - (1.0 - beta) ** n - points * beta >= 0).sum(-1)  # h >= 0 on the points up to the root
+        width = width / (1 << bits)
+        lo = lo + width * above
+    return lo + 0.5 * width
 
 
 def kseq_beta(p: torch.Tensor, q: torch.Tensor, rho: torch.Tensor) -> torch.Tensor:
