@@ -159,7 +159,7 @@ def first_three_p_value(decoder, target, runs: int) -> float:
 def test_a_graph_replaying_stale_random_numbers_is_caught():
     # The T = 1 joint-distribution test, on graphs emulated honestly and on graphs that replay the random numbers
     # of their capture: the first passes (a lossless engine fails with probability 0.1%), the second is caught.
-    target = tiny_target()
+    target = tiny_target(layers=1)
     draft_head = head.random_head(target)
     with torch.no_grad():
         draft_head.fc.weight.mul_(20.0)

@@ -38,7 +38,7 @@ def test_plain_decoding_matches_greedy_generate_in_bf16_on_the_same_kernels(tmp_
     """The prefill and each plain step leave the attention mask to the model, as `generate` does, so on the
     stock kernels both run the same products in the same order and round alike, bit for bit, on any CPU.  (A
     forward of several rows, as a tree's, rounds its attention differently: lab/bf16_rounding.py.)"""
-    rows = checks.greedy_equivalence(tmp_path / "rows.jsonl", question_count=1, max_new_tokens=128,
+    rows = checks.greedy_equivalence(tmp_path / "rows.jsonl", question_count=1, max_new_tokens=64,
                                      trees=(checks.BASELINE,), dtypes=("bfloat16",), kernels_choice="stock")
     assert len(rows) == 1 and all(row["identical"] for row in rows), rows
 
@@ -48,7 +48,7 @@ def test_plain_decoding_matches_greedy_generate_in_bf16_on_the_same_kernels(tmp_
 def test_plain_decoding_on_packed_kernels_matches_greedy_generate_in_bf16(tmp_path):
     """Packed weights give the stock kernel's products bit for bit (tests/test_kernels.py, layer by layer), so
     a whole answer on them is `generate`'s too."""
-    rows = checks.greedy_equivalence(tmp_path / "rows.jsonl", question_count=1, max_new_tokens=128,
+    rows = checks.greedy_equivalence(tmp_path / "rows.jsonl", question_count=1, max_new_tokens=64,
                                      trees=(checks.BASELINE,), dtypes=("bfloat16",), kernels_choice="packed")
     assert len(rows) == 1 and all(row["identical"] for row in rows), rows
 

@@ -39,7 +39,9 @@ CASES = [(s, v, t) for s, v in verification.pairs() for t in trees_for(s)]
 
 @pytest.fixture(scope="module")
 def tiny():
-    target = tiny_target()
+    # one layer: these tests are bound by the cost of a forward, and every layer's cache, mask and positions are
+    # the first's
+    target = tiny_target(layers=1)
     draft_head = head.random_head(target)
     with torch.no_grad():  # a sharp q that disagrees with p: biases show up in few samples
         draft_head.fc.weight.mul_(20.0)

@@ -14,7 +14,9 @@ from tiny import tiny_target
 
 @pytest.fixture(scope="module")
 def tiny():
-    target = tiny_target()
+    # one layer: these tests are bound by the cost of a forward, and every layer's cache, mask and positions are
+    # the first's
+    target = tiny_target(layers=1)
     draft_head = head.random_head(target)
     with torch.no_grad():  # a sharp q that disagrees with p: the head alone accepts little
         draft_head.fc.weight.mul_(20.0)
