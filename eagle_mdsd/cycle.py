@@ -32,7 +32,7 @@ import torch
 
 from . import drafting, dynamic, lookup
 from .drafters import StaticPlan
-from .graphs import Emulated, Graphs
+from .graphs import Transfer, generator
 from .tree import additive_mask
 
 SPAN_BUCKET = 128  # under graphs a phase reads a multiple of this many entries: a graph a bucket
@@ -126,7 +126,7 @@ class Cycle:
     def __init__(self, decoder, topology, target_cache, head_cache, method: str):
         self.decoder, self.method = decoder, method
         self.temperature = 0.0  # the call's, set by start(); graphs are kept per temperature
-        self.generator = _generator(decoder.device, decoder.graphs)
+        self.generator = generator(decoder.device, decoder.graphs)
         self.target_cache, self.head_cache = target_cache, head_cache
         self.device, self.dtype = decoder.device, decoder.target.dtype
         self.exact = decoder.graphs is None  # eager: exact spans, the plain step as `generate` runs it
@@ -214,7 +214,7 @@ class Cycle:
         if self.grafted:
             proposal, count = lookup.propose(self.context, state.length + 1, self.grafted)
             parent, depth, tokens, valid, point = lookup.graft(parent, depth, tree.tokens[: self.drafted + 1],
-                                                               valid, proposal, count)
+                                                               valid, proposal, count, eager=self.exact)
             tree.tokens.copy_(tokens)
             tree.point.copy_(point)
         if self.grown or self.grafted:
@@ -439,33 +439,3 @@ class Cycle:
         values = self.transfer.receive(parity)
         accepted, levels = values[0], self.levels
         return accepted, values[1 : accepted + 2], values[2 + levels : 2 + levels + accepted], bool(values[-1])
-
-
-def _generator(device, graphs) -> torch.Generator:
-    """The cycle's random numbers: under CUDA graphs the device's default generator, whose state a replay reads
-    afresh (captured kernels take their seed and offset from it, and each replay advances it), so replays draw new
-    numbers and a seed gives the same tokens with graphs on and off; elsewhere a generator of its own."""
-    device = torch.device(device)
-    if device.type == "cuda" and isinstance(graphs, Graphs) and not isinstance(graphs, Emulated):
-        return torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()]
-    return torch.Generator(device)
-
-
-class Transfer:
-    """A small device tensor to the host: on CUDA a non-blocking copy into pinned memory and an event per slot,
-    so the host can queue more work before it waits."""
-
-    def __init__(self, like: torch.Tensor, device):
-        self.cuda = torch.device(device).type == "cuda"
-        self.host = [torch.zeros(like.shape, dtype=like.dtype, pin_memory=self.cuda) for _ in range(2)]
-        self.events = [torch.cuda.Event() for _ in range(2)] if self.cuda else None
-
-    def send(self, value: torch.Tensor, slot: int) -> None:
-        self.host[slot].copy_(value, non_blocking=self.cuda)
-        if self.cuda:
-            self.events[slot].record()
-
-    def receive(self, slot: int) -> list[int]:
-        if self.cuda:
-            self.events[slot].synchronize()
-        return self.host[slot].tolist()

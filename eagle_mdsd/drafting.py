@@ -93,6 +93,13 @@ def _mask_of(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
 _BLOCK = 1024
 
 
+def warp(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Target distribution at `temperature`; one-hot argmax at 0 (float32)."""
+    if temperature == 0:
+        return torch.zeros_like(logits, dtype=torch.float32).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+    return torch.softmax(logits.float() / temperature, -1)
+
+
 def draw(dist: torch.Tensor, count: int = 1, generator: torch.Generator | None = None) -> torch.Tensor:
     """`count` i.i.d. tokens per row of dist [..., V] (need not be normalised): [..., count]."""
     uniform = torch.rand(dist.shape[:-1] + (count,), generator=generator, dtype=torch.float64, device=dist.device)

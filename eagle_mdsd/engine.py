@@ -11,61 +11,32 @@ forwards (the prefill excluded) and new tokens include the one sampled from the 
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import asdict, dataclass, field
 
 import torch
 
 from . import cycle as cycle_module
-from . import drafters, drafting, graphs, kernels, models, tree, verification
+from . import drafters, drafting, graphs, kernels, models, verification
 from .cache import KVCache
-from .errors import UsageError
+from .errors import UsageError, check_temperature
 from .head import checked_draft_vocab
 
 
-def check_temperature(temperature: float, name: str = "temperature") -> None:
-    """One-line error unless `temperature` is a finite number >= 0 (NaN would otherwise sample garbage)."""
-    if not math.isfinite(temperature) or temperature < 0:
-        raise UsageError(f"{name} must be >= 0 (a finite number), got {temperature}")
-
-
-def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """[q, kv] bool -> [1, 1, q, kv] float mask (0 where visible), the shape a model call takes."""
-    return tree.additive_mask(visible, dtype)[None, None]
-
-
-def warp(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Target distribution at `temperature`; one-hot argmax at 0 (float32)."""
-    if temperature == 0:
-        return torch.zeros_like(logits, dtype=torch.float32).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
-    return torch.softmax(logits.float() / temperature, -1)
-
-
 class PhaseTimer:
-    """Seconds per phase of the cycle (draft, verify), when enabled.
-
-    On CUDA each lap synchronises, so profiling slows the loop a little; off, it costs nothing.
-    """
+    """Seconds per phase of the cycle (draft, verify), when enabled: each lap adds the time since the last (on
+    CUDA it synchronises, so profiling slows the loop a little); off, it costs nothing."""
 
     def __init__(self, enabled: bool, device: torch.device):
-        self.enabled, self.cuda = enabled, device.type == "cuda"
-        self.seconds: dict[str, float] = {}
-        self.last = 0.0
+        self.enabled, self.cuda, self.seconds, self.last = enabled, device.type == "cuda", {}, 0.0
 
-    def _now(self) -> float:
-        if self.cuda:
-            torch.cuda.synchronize()
-        return time.perf_counter()
-
-    def start(self) -> None:
+    def lap(self, phase: str | None = None) -> None:
         if self.enabled:
-            self.last = self._now()
-
-    def lap(self, phase: str) -> None:
-        if self.enabled:
-            now = self._now()
-            self.seconds[phase] = self.seconds.get(phase, 0.0) + now - self.last
+            if self.cuda:
+                torch.cuda.synchronize()
+            now = time.perf_counter()
+            if phase is not None:
+                self.seconds[phase] = self.seconds.get(phase, 0.0) + now - self.last
             self.last = now
 
 
@@ -228,7 +199,7 @@ class Decoder:
         if call.temperature == 0:
             root = logits.max(-1).indices[None]
         else:
-            root = drafting.draw(warp(logits, call.temperature), 1, generator)
+            root = drafting.draw(drafting.warp(logits, call.temperature), 1, generator)
         if call.head_cache is not None and len(prompt) > 1:
             causal = torch.full((len(prompt) - 1,) * 2, torch.finfo(self.target.dtype).min, dtype=self.target.dtype,
                                 device=self.device).triu_(1)
@@ -240,7 +211,7 @@ class Decoder:
         """Cycles until EOS or the budget, one transfer each.  Under graphs a cycle is queued before the host waits
         for the last one's result wherever the budget cannot end the call first (an EOS can: then it is dropped)."""
         parity, ahead = 0, self.graphs is not None
-        call.timer.start()
+        call.timer.lap()
         cycle.launch(parity, length, call.timer)
         while True:
             early = ahead and result.new_tokens + cycle.pairs < max_new_tokens

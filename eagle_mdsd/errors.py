@@ -9,6 +9,7 @@ ValueError keep working.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 
@@ -19,6 +20,12 @@ class UsageError(ValueError):
 class Interrupted(KeyboardInterrupt):
     """A Ctrl-C caught where the command knows its state: the message says, in one line, what was finished,
     what was not, and the exact command that continues the work.  Only whole records were written."""
+
+
+def check_temperature(temperature: float, name: str = "temperature") -> None:
+    """One-line error unless `temperature` is a finite number >= 0 (NaN would otherwise sample garbage)."""
+    if not math.isfinite(temperature) or temperature < 0:
+        raise UsageError(f"{name} must be >= 0 (a finite number), got {temperature}")
 
 
 RESUMABLE = ("bench", "check-greedy", "study", "train-head")  # commands that keep whole records and continue

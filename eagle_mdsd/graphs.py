@@ -10,6 +10,10 @@ writes into the same output tensors every time; the graphs share one memory pool
 Capture happens on a graph's first call and its seconds are counted apart (`seconds`), so that the
 decoder can keep them out of the timed region.  If the stock modules refuse capture, the error is
 said once, in one line, and the calls run eagerly.
+
+Beside the graphs, what a cycle needs of the device to keep it busy: the generator its graphs draw from
+(`generator`) and the copy of its small result to the host that lets the host queue work before it waits
+(`Transfer`).
 """
 
 from __future__ import annotations
@@ -134,3 +138,33 @@ def _tensors(outputs) -> list:
     if outputs is None:
         return []
     return [outputs] if isinstance(outputs, torch.Tensor) else [x for x in outputs if isinstance(x, torch.Tensor)]
+
+
+def generator(device, graphs) -> torch.Generator:
+    """The cycle's random numbers: under CUDA graphs the device's default generator, whose state a replay reads
+    afresh (captured kernels take their seed and offset from it, and each replay advances it), so replays draw new
+    numbers and a seed gives the same tokens with graphs on and off; elsewhere a generator of its own."""
+    device = torch.device(device)
+    if device.type == "cuda" and isinstance(graphs, Graphs) and not isinstance(graphs, Emulated):
+        return torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()]
+    return torch.Generator(device)
+
+
+class Transfer:
+    """A small device tensor to the host: on CUDA a non-blocking copy into pinned memory and an event per slot,
+    so the host can queue more work before it waits."""
+
+    def __init__(self, like: torch.Tensor, device):
+        self.cuda = torch.device(device).type == "cuda"
+        self.host = [torch.zeros(like.shape, dtype=like.dtype, pin_memory=self.cuda) for _ in range(2)]
+        self.events = [torch.cuda.Event() for _ in range(2)] if self.cuda else None
+
+    def send(self, value: torch.Tensor, slot: int) -> None:
+        self.host[slot].copy_(value, non_blocking=self.cuda)
+        if self.cuda:
+            self.events[slot].record()
+
+    def receive(self, slot: int) -> list[int]:
+        if self.cuda:
+            self.events[slot].synchronize()
+        return self.host[slot].tolist()

@@ -92,12 +92,13 @@ def propose(context: torch.Tensor, length: torch.Tensor, tokens: int, ngram: int
     return proposal, torch.where(found, (length - start).clamp(0, tokens), 0)
 
 
-def graft(parent, depth, tokens, valid, proposal, count) -> tuple:
+def graft(parent, depth, tokens, valid, proposal, count, eager: bool = False) -> tuple:
     """A drafted tree's (parent, depth, tokens, valid) [M] with the proposal's first `count` tokens added as a
     trie branch: it walks down the drafted children while their tokens agree with it, and the rest hangs below
     as a chain in len(proposal) node slots after the drafted ones (those it does not fill are not valid).
     Returns the new (parent, depth, tokens, valid) [M + len(proposal)] and each node's one-point draft: the
-    token of its child on the branch, or -1."""
+    token of its child on the branch, or -1.  Once the walk leaves the drafted children every later step changes
+    nothing: `eager` stops there, one host check a step."""
     nodes = torch.arange(len(parent), device=parent.device)
     node, going = nodes[:1], torch.ones(1, dtype=torch.bool, device=parent.device)
     point, steps = torch.full_like(tokens, -1), torch.zeros_like(nodes[:1])
@@ -106,6 +107,8 @@ def graft(parent, depth, tokens, valid, proposal, count) -> tuple:
         point = point.index_copy(0, node, torch.where(live, proposal[j : j + 1], point.index_select(0, node)))
         hit = (parent == node) & (nodes > 0) & valid & (tokens == proposal[j])
         going = live & hit.any()
+        if eager and not bool(going):
+            break
         node = torch.where(going, hit.to(torch.int8).argmax().reshape(1), node)
         steps = steps + going.long()
     slots = torch.arange(len(proposal), device=parent.device)

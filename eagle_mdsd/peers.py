@@ -20,8 +20,8 @@ import torch
 import transformers
 from transformers import CompileConfig, GenerationConfig, StoppingCriteria
 
-from .engine import GenerationResult, check_temperature
-from .errors import UsageError
+from .engine import GenerationResult
+from .errors import UsageError, check_temperature
 
 COMPILED = "hf_compiled"
 METHODS = ("hf_generate", COMPILED, "prompt_lookup")

@@ -33,7 +33,8 @@ from tqdm import tqdm
 
 from . import drafting, head, models, outputs, questions, theory, verification
 from .benchmarks import machine
-from .engine import additive_mask, warp
+from .drafting import warp
+from .tree import additive_mask
 from .errors import MissingFile, UsageError
 
 TASKS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning")
@@ -70,7 +71,7 @@ def _task_positions(target, draft_head, tokenizer, task: str, positions: int, ma
             if not mask.any():
                 continue
             length = inputs.shape[1]
-            attention = additive_mask(torch.ones(length, length, dtype=torch.bool).tril(), target.dtype)
+            attention = additive_mask(torch.ones(length, length, dtype=torch.bool).tril(), target.dtype)[None, None]
             predicted = draft_head(inputs.to(target.dtype), embed(tokens), torch.arange(1, length + 1)[None],
                                    attention, None)
             p_rows.append(lm_head(targets[mask].to(target.dtype)).half())

@@ -23,7 +23,7 @@ import torch
 
 from eagle_mdsd import head as head_module
 from eagle_mdsd import benchmarks, models, questions, training
-from eagle_mdsd.engine import additive_mask
+from eagle_mdsd.tree import additive_mask
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "evaluation" / "results"
@@ -237,7 +237,7 @@ def score(draft, target, samples: list[dict], head_input: Callable = final_featu
             continue
         inputs, tokens, targets, mask = collate([sample], head_input)
         length = inputs.shape[1]
-        causal = additive_mask(torch.ones(length, length, dtype=torch.bool).tril(), torch.float32)
+        causal = additive_mask(torch.ones(length, length, dtype=torch.bool).tril(), torch.float32)[None, None]
         predicted = draft(inputs, embed(tokens), torch.arange(1, length + 1)[None], causal, None)
         truth = lm_head(targets[mask]).argmax(-1)
         best = lm_head(predicted[mask]).topk(4, -1).indices

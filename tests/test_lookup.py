@@ -23,6 +23,16 @@ def tiny():
     return target, draft_head
 
 
+@pytest.fixture(scope="module")
+def repeating():
+    """The two-layer tiny target, whose greedy output repeats with period 4, and a sharp head."""
+    target = tiny_target()
+    draft_head = head.random_head(target)
+    with torch.no_grad():
+        draft_head.fc.weight.mul_(20.0)
+    return target, draft_head
+
+
 def continuation(context: list[int], tokens: int) -> list[int]:
     """lookup.propose on a buffer with room past the context, as a list."""
     buffer = torch.tensor(context + [99] * 8)
@@ -38,7 +48,8 @@ def test_the_proposal_follows_the_first_earlier_match_of_the_last_two_tokens():
     assert continuation([3, 3], 4) == [3]                               # a match may end at the context's end
 
 
-def test_the_graft_shares_drafted_prefixes_and_hangs_the_rest_as_a_chain():
+@pytest.mark.parametrize("eager", [False, True])  # eager: stopped where the walk leaves the drafted children
+def test_the_graft_shares_drafted_prefixes_and_hangs_the_rest_as_a_chain(eager):
     wide = tree.compile_tree(TREES["wide"])  # root -> 1, 2, 3; 1 -> 4, 5; 2 -> 6
     parent, depth = torch.tensor([0, *wide.parent[1:]]), torch.tensor(wide.depth)
     tokens, valid = torch.tensor([9, 10, 11, 12, 20, 21, 22]), torch.ones(7, dtype=torch.bool)
@@ -46,7 +57,7 @@ def test_the_graft_shares_drafted_prefixes_and_hangs_the_rest_as_a_chain():
     def graft(proposal, count=None):
         proposal = torch.tensor(proposal + [0] * (4 - len(proposal)))
         count = torch.tensor([4 if count is None else count])
-        return [x.tolist() for x in lookup.graft(parent, depth, tokens, valid, proposal, count)]
+        return [x.tolist() for x in lookup.graft(parent, depth, tokens, valid, proposal, count, eager)]
 
     new_parent, new_depth, new_tokens, new_valid, point = graft([10, 21, 30, 31])
     assert new_parent[7:] == [5, 7, 8, 9] and new_depth[7:] == [3, 4, 5, 6] and new_tokens[7:9] == [30, 31]
@@ -59,8 +70,8 @@ def test_the_graft_shares_drafted_prefixes_and_hangs_the_rest_as_a_chain():
 
 
 @pytest.mark.parametrize("spec", ["wide", "eagle2:total_tokens=7,depth=3,top_k=2"])
-def test_lookup_trees_are_greedy_and_accept_the_repeats(tiny, spec):
-    target, draft_head = tiny
+def test_lookup_trees_are_greedy_and_accept_the_repeats(repeating, spec):
+    target, draft_head = repeating
     base = tree.compile_tree(TREES["wide"]) if spec == "wide" else tree_specs.load(spec)
     greedy = engine.Decoder(target).generate(PROMPT, 40, method="baseline").token_ids
     alone = engine.Decoder(target, draft_head, base).generate(PROMPT, 40, 0.0)

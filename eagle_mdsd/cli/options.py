@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 from .. import graphs, kernels, models, tree_specs, validate
-from ..errors import UsageError
+from ..errors import UsageError, check_temperature
 from ..benchmark.plans import METHODS  # the methods every subcommand offers, defined once
 
 DTYPE_HELP = "float32, bfloat16 (default) or float16"
@@ -236,8 +236,6 @@ def run_lock(args, name: str):
 
 def temperatures(text: str, what: str = "temperatures") -> tuple[float, ...]:
     """The comma-separated temperatures of --temperatures: at least one, each finite and >= 0."""
-    from .. import engine
-
     try:
         values = [float(v) for v in text.split(",") if v.strip()]
     except ValueError:
@@ -245,5 +243,5 @@ def temperatures(text: str, what: str = "temperatures") -> tuple[float, ...]:
     if not values:
         raise UsageError(f"--{what} names no temperature: give at least one, such as 0,1")
     for value in values:
-        engine.check_temperature(value, f"each of --{what}")
+        check_temperature(value, f"each of --{what}")
     return tuple(values)

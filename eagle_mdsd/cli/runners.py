@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from .. import engine, peers, tree_specs, verification
-from ..errors import UsageError
+from .. import peers, tree_specs, verification
+from ..errors import UsageError, check_temperature
 from . import options
 
 
@@ -41,7 +41,7 @@ def build(args, device=None):
     from .. import head, models
     from ..benchmark import plans, runners
 
-    engine.check_temperature(args.temperature, "--temperature")
+    check_temperature(args.temperature, "--temperature")
     check_method_options(args)
     tree = topology(args) if args.method == "eagle" else None
     if tree is not None:

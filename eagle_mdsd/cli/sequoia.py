@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .. import engine
+from .. import engine, errors
 from . import options
 
 
@@ -25,7 +25,7 @@ def add_parser(sub) -> None:
 def run(args) -> None:
     from .. import head, models, sequoia
 
-    engine.check_temperature(args.temperature, "--temperature")
+    errors.check_temperature(args.temperature, "--temperature")
     out = sequoia.output_path(args.name)  # a bad --name before the model loads
     target, tokenizer = models.load_target(None, models.parse_dtype(args.dtype), args.device)
     draft_head = head.load_head(args.ea_model or models.DEFAULT_HEAD, target)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import engine
+from .. import errors
 from . import options
 
 
@@ -30,7 +30,7 @@ def run(args) -> None:
     from .. import study
 
     if args.stage in ("analyse", "all"):  # before a collect that can run for long
-        engine.check_temperature(args.temperature, "--temperature")
+        errors.check_temperature(args.temperature, "--temperature")
     if args.stage in ("collect", "all"):
         files = study.collect(Path(args.run), args.positions, args.max_new_tokens, args.dtype)
         print(f"{len(files)} tasks collected in {args.run}")

@@ -93,7 +93,7 @@ class DataRecipe:
     features: bool = True
 
     def __post_init__(self):
-        from ..engine import check_temperature
+        from ..errors import check_temperature
 
         check_temperature(self.temperature, "--temperature")
 

@@ -22,12 +22,12 @@ def depth1_scores(draft_head, target, sample: dict, rows: torch.Tensor | None = 
     (ids, start, features) over its answer positions.  A hit: the head's argmax is the target's; acceptance:
     sum min(p, q) at T = 1, the rate at which one sampled draft is accepted, with q over `rows` (the decoder's
     draft vocabulary, 0 outside; None: the whole vocabulary)."""
-    from ..engine import additive_mask
+    from ..tree import additive_mask
 
     hidden = target.config.hidden_size
     inputs, tokens, targets, mask = _collate([sample], sample["features"].shape[-1])
     length, dtype = inputs.shape[1], next(draft_head.parameters()).dtype
-    attention = additive_mask(torch.ones(length, length, dtype=torch.bool).tril(), dtype)
+    attention = additive_mask(torch.ones(length, length, dtype=torch.bool).tril(), dtype)[None, None]
     with torch.inference_mode():
         predicted = draft_head(inputs.to(dtype), target.get_input_embeddings()(tokens).to(dtype),
                                torch.arange(1, length + 1)[None], attention, None)[mask]

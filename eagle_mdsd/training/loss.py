@@ -32,7 +32,7 @@ def unrolled_predictions(draft_head, features, embedded, unroll: int = 1) -> lis
     """
     from transformers import DynamicCache
 
-    from ..engine import additive_mask
+    from ..tree import additive_mask
 
     batch, length, _ = features.shape
     positions = torch.arange(1, length + 1, device=features.device)[None].expand(batch, -1)
@@ -40,7 +40,7 @@ def unrolled_predictions(draft_head, features, embedded, unroll: int = 1) -> lis
     passes, inputs = [], features
     for step in range(1, unroll + 1):
         visible = _unrolled_mask(length, step).to(features.device)
-        attention = additive_mask(visible, torch.float32).to(features.dtype).expand(batch, -1, -1, -1)
+        attention = additive_mask(visible, torch.float32)[None, None].to(features.dtype).expand(batch, -1, -1, -1)
         passes.append(draft_head(inputs, embedded, positions, attention, cache))
         if step < unroll:  # (position 0, never scored, reads the true feature, or zeros at another width)
             first = features[:, :1] if features.shape[-1] == passes[-1].shape[-1] else \

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from eagle_mdsd import head
-from eagle_mdsd.engine import additive_mask
+from eagle_mdsd.tree import additive_mask
 
 import evaluation_scripts
 from tiny import tiny_target
@@ -26,7 +26,7 @@ def test_acceptance_is_sum_min_p_q_over_the_draft_vocabulary():
     lm_head, embed = target.get_output_embeddings(), target.get_input_embeddings()
     with torch.no_grad():  # by hand: inputs at i, token i + 1, the target's distribution after token i + 1
         predicted = draft(features[None, :-1], embed(ids[None, 1:]), torch.arange(1, 9)[None],
-                          additive_mask(torch.ones(8, 8, dtype=torch.bool).tril(), torch.float32), None)[0]
+                          additive_mask(torch.ones(8, 8, dtype=torch.bool).tril(), torch.float32)[None, None], None)[0]
         p = torch.softmax(lm_head(features[1:]), -1)[3:]  # answer positions: the inputs from start - 1 on
         q = torch.zeros_like(p)
         q[:, rows] = torch.softmax(lm_head(predicted)[3:, rows], -1)  # the decoder's q: 0 outside the rows
