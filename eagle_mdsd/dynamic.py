@@ -189,9 +189,9 @@ def grow(spec: DynamicTree, q_root: torch.Tensor, ids, expand, scheme="topk", ge
 def select(grown: Grown, nodes: int) -> tuple[torch.Tensor, ...]:
     """The best `nodes` candidates as a tree, nodes in candidate order (parents first, siblings in draft order)
     after the root 0: (the candidates [nodes], their tokens [nodes], parent [nodes + 1], depth [nodes + 1], valid
-    [nodes + 1], expanded row [nodes + 1], the root's 0).  A node scored -inf is chosen only where too few others exist; it is not valid,
-    so no walk enters it.  Whether a node is kept never depends on its own draws: scores never grow along a
-    path, and every candidate ranking above it was grown whatever it drew."""
+    [nodes + 1], expanded row [nodes + 1], the root's 0).  A node scored -inf is chosen only where too few others
+    exist; it is not valid, so no walk enters it.  Whether a node is kept never depends on its own draws: scores
+    never grow along a path, and every candidate ranking above it was grown whatever it drew."""
     count = len(grown.token)
     chosen = torch.sort(torch.sort(grown.score, descending=True, stable=True).indices[:nodes]).values
     rows = torch.arange(nodes + 1, device=chosen.device)

@@ -97,7 +97,8 @@ def top_level_ops():
     threads: dict = {}
     for event in prof.profiler.kineto_results.events():
         if event.device_type() == torch.autograd.DeviceType.CPU:
-            threads.setdefault(event.start_thread_id(), []).append((event.start_ns(), -event.end_ns(), event.name()))
+            start, thread = event.start_ns(), event.start_thread_id()
+            threads.setdefault(thread, []).append((start, -(start + event.duration_ns()), event.name()))
     for events in threads.values():
         stack = []  # (end, name, inside a replay) of the events enclosing the current one
         for start, negative_end, name in sorted(events):

@@ -88,7 +88,8 @@ def propose(context: torch.Tensor, length: torch.Tensor, tokens: int, ngram: int
         hit = match.any().reshape(1)
         start = torch.where(hit, match.to(torch.int8).argmax().reshape(1) + n, start)
         found = found | hit
-    proposal = context.index_select(0, (start + torch.arange(tokens, device=context.device)).clamp_max(len(context) - 1))
+    offsets = torch.arange(tokens, device=context.device)
+    proposal = context.index_select(0, (start + offsets).clamp_max(len(context) - 1))
     return proposal, torch.where(found, (length - start).clamp(0, tokens), 0)
 
 
