@@ -37,7 +37,8 @@ def greedy_equivalence(rows_file: Path, question_count: int = 5, max_new_tokens:
                        kernels_choice: str = "auto") -> list[dict]:
     """base_model: a hub id, folder or .gguf file (models.load_target); None, the embedded default.
     kernels_choice: the engine's linear kernels (`engine.Decoder`); `generate` always runs the stock ones."""
-    topologies = {name: None if name in NOT_TREES else tree_specs.load(name, device) for name in trees}  # bad names: now
+    # bad names: now, before any model loads
+    topologies = {name: None if name in NOT_TREES else tree_specs.load(name, device) for name in trees}
     torch_dtypes = {dtype: models.parse_dtype(dtype) for dtype in dtypes}
     done = {}
     jsonl.drop_cut_short_line(rows_file)

@@ -12,25 +12,26 @@ from test_engine import P_VALUE, PROMPT, TREES, chi_square_p_value, empirical_fi
 from tiny import tiny_target
 
 
+def _sharp(layers: int):
+    """A tiny target and a sharp random head: q disagrees with p, so the head alone accepts little."""
+    target = tiny_target(layers=layers)
+    draft_head = head.random_head(target)
+    with torch.no_grad():
+        draft_head.fc.weight.mul_(20.0)
+    return target, draft_head
+
+
 @pytest.fixture(scope="module")
 def tiny():
     # one layer: these tests are bound by the cost of a forward, and every layer's cache, mask and positions are
     # the first's
-    target = tiny_target(layers=1)
-    draft_head = head.random_head(target)
-    with torch.no_grad():  # a sharp q that disagrees with p: the head alone accepts little
-        draft_head.fc.weight.mul_(20.0)
-    return target, draft_head
+    return _sharp(1)
 
 
 @pytest.fixture(scope="module")
 def repeating():
     """The two-layer tiny target, whose greedy output repeats with period 4, and a sharp head."""
-    target = tiny_target()
-    draft_head = head.random_head(target)
-    with torch.no_grad():
-        draft_head.fc.weight.mul_(20.0)
-    return target, draft_head
+    return _sharp(2)
 
 
 def continuation(context: list[int], tokens: int) -> list[int]:

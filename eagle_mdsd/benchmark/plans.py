@@ -151,7 +151,8 @@ def sweep_cells(plan: SweepPlan) -> tuple[dict, list[tuple]]:
     """({label: topology} of the plan's trees, [(temperature, tree label, drafter, verifier)] of every cell that
     fits); a plan with no cell that fits is a one-line error."""
     pairs = plan.pairs or verification.pairs()
-    topologies = {tree_label(topology): topology for topology in (tree_specs.load(tree, plan.device) for tree in plan.trees)}
+    loaded = (tree_specs.load(tree, plan.device) for tree in plan.trees)
+    topologies = {tree_label(topology): topology for topology in loaded}
     for drafter, verifier in pairs:
         verification.check_pair(drafter, verifier)
     cells = []

@@ -119,23 +119,25 @@ def eagle() -> argparse.ArgumentParser:
     group.add_argument("--drafter", dest="scheme", default="topk", help="drafting scheme (`eagle-mdsd pairs`)")
     group.add_argument("--verifier", default="topk", help="verifier (`eagle-mdsd pairs`)")
     group.add_argument("--draft-vocab", type=draft_vocab, default="auto", help=DRAFT_VOCAB_HELP)
-    for option, kind, trees, text in DYNAMIC_OPTIONS:  # defaults by device: tree_specs.DEFAULTS
-        shown = ", ".join(f"{tree} {_default(tree, option)}" for tree in trees)
-        group.add_argument("--" + option.replace("_", "-"), type=kind, default=None, help=f"{text} ({shown})")
+    for option, text in DYNAMIC_HELP.items():  # which tree takes it, its type and defaults: tree_specs.DEFAULTS
+        trees = [name for name, values in tree_specs.DEFAULTS["cpu"].items() if option in values]
+        shown = ", ".join(f"{name} {_default(name, option)}" for name in trees)
+        group.add_argument("--" + option.replace("_", "-"), type=type(tree_specs.DEFAULTS["cpu"][trees[0]][option]),
+                           default=None, help=f"{text} ({shown})")
     return parser
 
 
-DYNAMIC_OPTIONS = [("total_tokens", int, ["eagle2"], "tokens verified per cycle"), ("depth", int, ["eagle2"],
-                   "draft levels"), ("top_k", int, ["eagle2", "opt_tree"], "children per expanded node"),
-                   ("nodes", int, ["opt_tree"], "draft nodes per cycle"), ("max_depth", int, ["opt_tree"],
-                   "most draft levels"), ("threshold", float, ["opt_tree"], "stop growing when a level adds less "
-                   "expected length")]
+DYNAMIC_HELP = {"total_tokens": "tokens verified per cycle", "depth": "draft levels",
+                "top_k": "children per expanded node", "nodes": "draft nodes per cycle",
+                "max_depth": "most draft levels", "threshold": "stop growing when a level adds less expected length"}
 
 
 def _default(tree: str, option: str) -> str:
     """A dynamic tree option's default by device, 'cuda 60/cpu 12', or the one value where they agree."""
     values = {kind: defaults[tree][option] for kind, defaults in tree_specs.DEFAULTS.items()}
-    return f"{values['cpu']:g}" if len(set(values.values())) == 1 else "/".join(f"{kind} {value:g}" for kind, value in values.items())
+    if len(set(values.values())) == 1:
+        return f"{values['cpu']:g}"
+    return "/".join(f"{kind} {value:g}" for kind, value in values.items())
 
 
 def engine(profile: bool = True) -> argparse.ArgumentParser:
