@@ -115,8 +115,8 @@ class RecursiveRejection(Verifier):
 # kseq_rho narrows [1, n] by 2**RHO_STEPS: the root is within (n - 1) / 2**RHO_STEPS of the returned rho, below
 # float64's resolution for n < 2**10.  Each round evaluates h at 2**b - 1 points: b = 4 where the grid of beta
 # [rows, points, V] holds at most RHO_GRID float64s, so small that an op's cost is its launch (16 rounds instead of
-# 64 halvings, a third of the time at V = 4), else 2 or plain bisection (b = 1), which a real vocabulary takes: a
-# wider grid reads the vocabulary more often than the halvings it saves (8x slower at V = 32000 on a CPU).
+# 64 halvings), else 2 or plain bisection (b = 1), which a real vocabulary takes: there a wider grid reads the
+# vocabulary more often than the halvings it saves.
 RHO_STEPS, RHO_GRID = 64, 1 << 12
 
 
