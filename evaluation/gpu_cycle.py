@@ -158,7 +158,7 @@ def measured_tau(result_file: Path | None) -> dict:
     return taus
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", choices=sorted(SHAPES), default="vicuna7b")
     parser.add_argument("--device", default="cuda")
@@ -172,7 +172,7 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="also the GPU's busy share (CUDA)")
     parser.add_argument("--tau-from", type=Path, help="a benchmark's result JSON: projected tokens/s from its tau")
     parser.add_argument("--out", type=Path, help="folder for the page (default runs/gpu_cycle/DATE_HOST_TIME)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit("error: --device cuda but torch sees no CUDA device: use --device cpu (with --shape tiny)")
     if args.tau_from is not None and not args.tau_from.is_file():

@@ -16,14 +16,14 @@
 #  3. MORE_PROMPTS (default 0) more self-written prompts of seed 1 in RUN/more (at most MORE_PROMPTS_MINUTES,
 #     default 1) and their answers (at most MORE_DATA_MINUTES, default 2);
 # train:
-#  4. `train-head train` on all of it (a call of this stage alone on a fresh machine puts PREVIOUS_DATA back first):
+#  4. `train-head train --export` on all of it (a call of this stage alone on a fresh machine puts PREVIOUS_DATA back first):
 #     EAGLE-1 from the shipped head (INIT_FROM; "none": a random head), EPOCHS (default 1) at lr 3e-4, at most
 #     TRAIN_MINUTES (default 1.5; 0 skips it); EAGLE-3 (`--format eagle3`, skipped when
 #     TRAIN3_MINUTES is 0) from a random head, EPOCHS3 (default 2) at lr 1e-3 with UNROLL3 (default 3) draft steps,
 #     at most TRAIN3_MINUTES (default 2); the learning rate's cosine ends with the epochs or the minutes, whichever
 #     come first (--schedule-minutes); both TOKENS_PER_BATCH (default 32768) tokens a batch, the draft
 #     vocabulary's DRAFT_VOCAB (default 8192) tokens;
-#  5. export, then $OUT: machine.txt, train_head.log (each stage prints its answers/s or training tokens/s, which
+#  5. $OUT: machine.txt, train_head.log (each stage prints its answers/s or training tokens/s, which
 #     size the next call), summary.json (a data call's counts, the loss and top-1 by step of each head), head.tgz and
 #     head3.tgz (the exported heads, packed as soon as each is written), and a data call's data.tar.xz.NN (or
 #     .gz.NN; the self-written prompts and every answer's token ids, in parts of 15 MiB, when they fit in four).
@@ -108,16 +108,14 @@ set +e  # (the stages stop at their first failure, inside; what they made is sti
     [ "$init" = none ] || init_args=(--init-from "$init")
     if [ "${TRAIN_MINUTES:-1.5}" != 0 ]; then
       cli train-head train --run "$run/eagle1" "${init_args[@]}" --epochs "${EPOCHS:-1}" --lr 3e-4 "${common[@]}" \
-        --max-minutes "${TRAIN_MINUTES:-1.5}" --schedule-minutes "${TRAIN_MINUTES:-1.5}"
-      cli train-head export --run "$run/eagle1"
+        --max-minutes "${TRAIN_MINUTES:-1.5}" --schedule-minutes "${TRAIN_MINUTES:-1.5}" --export
       tar czf "$out/head.tgz" -C "$run/eagle1" head  # at once: a call cut short later still brings it back
       date -u +"eagle1 done %FT%TZ"
     fi
     if [ "${TRAIN3_MINUTES:-2}" != 0 ]; then
       cli train-head train --run "$run/eagle3" --format eagle3 --unroll "${UNROLL3:-3}" --epochs "${EPOCHS3:-2}" \
         --lr 1e-3 "${common[@]}" --max-minutes "${TRAIN3_MINUTES:-2}" \
-        --schedule-minutes "${TRAIN3_MINUTES:-2}"
-      cli train-head export --run "$run/eagle3"
+        --schedule-minutes "${TRAIN3_MINUTES:-2}" --export
       tar czf "$out/head3.tgz" -C "$run/eagle3" head
       date -u +"eagle3 done %FT%TZ"
     fi

@@ -5,24 +5,26 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eagle_mdsd import checks, kernels
+from eagle_mdsd import checks, embedded, kernels
 
 # The float64 tests of the engine, dynamic trees and lookup cover every topology; here one of each kind runs on
 # the real model: the plain decoding loop, a static tree, a dynamic one at a size a 2-core CI runs quickly in
-# fp32, and prompt-lookup drafts.  The other trees run with `pytest -m slow`.
+# fp32, and prompt-lookup drafts.  The shipped head drafts, so that cycles accept paths of several tokens (a random
+# head's are all rejected) and commit their cache entries.  The other trees run with `pytest -m slow`.
 TREES = (checks.BASELINE, "eagle_default", "eagle2:total_tokens=16,depth=4,top_k=4", "eagle_default+lookup")
 MORE_TREES = ("binary_depth4", "quad_depth3", "chain4", "chain6",
               "opt_tree:nodes=16,threshold=0.05,max_depth=6,top_k=4")
 
 
 def test_engine_matches_greedy_generate_for_a_tree_of_each_kind(tmp_path):
-    rows = checks.greedy_equivalence(tmp_path / "rows.jsonl", question_count=1, max_new_tokens=48, trees=TREES,
-                                     dtypes=("float32",))
+    settings = dict(question_count=1, max_new_tokens=48, trees=TREES, dtypes=("float32",),
+                    head_spec=str(embedded.DEFAULT_HEAD))
+    rows = checks.greedy_equivalence(tmp_path / "rows.jsonl", **settings)
     assert len(rows) == len(TREES)
     assert all(row["identical"] for row in rows), [r for r in rows if not r["identical"]]
+    assert all(row["tau"] > 1.5 for row in rows if row["tree"] != checks.BASELINE), rows  # paths were accepted
     # resuming does no work twice and loses nothing
-    again = checks.greedy_equivalence(tmp_path / "rows.jsonl", question_count=1, max_new_tokens=48, trees=TREES,
-                                      dtypes=("float32",))
+    again = checks.greedy_equivalence(tmp_path / "rows.jsonl", **settings)
     assert again == rows and len((tmp_path / "rows.jsonl").read_text().splitlines()) == len(rows)
 
 

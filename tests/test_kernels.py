@@ -137,7 +137,8 @@ def test_the_decoder_makes_the_same_tokens_on_packed_kernels(temperature):
     assert isinstance(draft_head.fc, kernels.PackedLinear)
     with torch.profiler.profile() as profile:
         assert packed.generate(prompt, 24, temperature, seed=0).token_ids == made[0]
-    assert any("_linear_pointwise" in event.name for event in profile.events())  # the packed kernel ran
+    # the packed kernel ran (the raw events: the profiler's event tree costs more than the decoding)
+    assert any("_linear_pointwise" in event.name() for event in profile.profiler.kineto_results.events())
     for seed, tokens in made.items():
         assert packed.generate(prompt, 24, temperature, seed=seed).token_ids == tokens
     assert stock.generate(prompt, 24, temperature, seed=0).token_ids == made[0]  # stock again after packing

@@ -178,6 +178,17 @@ def test_train_head_passes_the_token_loss_to_training(monkeypatch, tmp_path):
         assert seen["recipe"].token_loss == expected
 
 
+def test_the_train_stage_exports_in_the_same_process_when_asked(monkeypatch, tmp_path):
+    from eagle_mdsd import cli
+
+    exported = []
+    monkeypatch.setattr(training, "train", lambda *args, **options: {"log": []})
+    monkeypatch.setattr(training, "export", lambda run, to, base, compact: exported.append((run, to, compact)) or to)
+    assert cli.main(["train-head", "train", "--run", str(tmp_path)]) == 0 and exported == []
+    assert cli.main(["train-head", "train", "--run", str(tmp_path), "--export"]) == 0
+    assert exported == [(tmp_path, tmp_path / "head", True)]  # where and as the export stage writes by default
+
+
 def test_train_head_refuses_options_its_stage_does_not_read(monkeypatch, tmp_path, capsys):
     from eagle_mdsd import cli
 

@@ -206,21 +206,37 @@ def test_a_head_id_the_hub_cannot_give_is_a_one_line_error(monkeypatch):
     (["--base-model", "some/model"], "--ea-model is required with --base-model some/model"),
     (["--ea-model", "/no/such/head"], "draft head /no/such/head does not exist"),
 ])
-def test_cli_errors_are_one_line(args, message):
-    done = subprocess.run([sys.executable, "-m", "eagle_mdsd.cli", "generate", "--prompt", "hi", *args],
+def test_cli_errors_are_one_line(args, message, capsys):
+    assert _cli(["generate", "--prompt", "hi", *args]) == 2
+    error = capsys.readouterr().err
+    assert message in error and len(error.strip().splitlines()) == 1, error
+
+
+def test_the_installed_command_prints_one_line_too():
+    """The cases above run `cli.main` in this process; the module as a command behaves alike."""
+    done = subprocess.run([sys.executable, "-m", "eagle_mdsd.cli", "generate", "--prompt", "hi", "--tree", "nope"],
                           capture_output=True, text=True)
     assert done.returncode == 2
-    assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "unknown tree 'nope'" in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def _cli(argv) -> int:
+    """cli.main's exit status, the parser's refusals (SystemExit) included."""
+    from eagle_mdsd import cli
+
+    try:
+        return cli.main(argv)
+    except SystemExit as stop:
+        return stop.code
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
 @pytest.mark.parametrize("command", [["generate", "--prompt", "hi"], ["check-greedy", "--questions", "1"]])
-def test_cuda_without_a_gpu_is_a_one_line_error(command, tmp_path):
-    done = subprocess.run([sys.executable, "-m", "eagle_mdsd.cli", *command, "--device", "cuda",
-                           *(["--out", str(tmp_path)] if command[0] == "check-greedy" else [])],
-                          capture_output=True, text=True)
-    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
-    assert "--device cuda" in done.stderr and "use --device cpu" in done.stderr
+def test_cuda_without_a_gpu_is_a_one_line_error(command, tmp_path, capsys):
+    assert _cli([*command, "--device", "cuda", *(["--out", str(tmp_path)] if command[0] == "check-greedy" else [])]) == 2
+    error = capsys.readouterr().err
+    assert len(error.strip().splitlines()) == 1, error
+    assert "--device cuda" in error and "use --device cpu" in error
     assert not list(tmp_path.iterdir())  # check-greedy: no rows file
 
 
@@ -249,10 +265,12 @@ def test_acceptance_takes_probabilities_that_add_up_to_1_within_rounding(capsys)
     assert "argument --n: must be at least 1, got 0" in capsys.readouterr().err
 
 
-def test_no_new_tokens_is_refused_before_anything_loads():
-    done = subprocess.run([sys.executable, "-m", "eagle_mdsd.cli", "bench", "--max-new-tokens", "0"],
-                          capture_output=True, text=True)
-    assert done.returncode == 2 and "argument --max-new-tokens: must be at least 1, got 0" in done.stderr
+def test_no_new_tokens_is_refused_before_anything_loads(capsys, monkeypatch):
+    from eagle_mdsd import models
+
+    monkeypatch.setattr(models, "load_target", None)  # loading anything fails this test
+    assert _cli(["bench", "--max-new-tokens", "0"]) == 2
+    assert "argument --max-new-tokens: must be at least 1, got 0" in capsys.readouterr().err
 
 
 def test_the_kv_cache_goes_under_the_name_the_model_takes():

@@ -98,6 +98,8 @@ def add_parser(sub) -> None:
     train = stages.add_parser("train", parents=[run, options.model(dtype=False)],
                               help="train the head on the data shards")
     _train_options(train)
+    train.add_argument("--export", action="store_true",
+                       help="then export the head to RUN/head, as the export stage does (one process, not two)")
     _common(train, "the head's initialisation and the batch order")
     export = stages.add_parser("export", parents=[run, options.model(dtype=False, device=False)],
                                help="write the trained head as a head folder")
@@ -190,13 +192,19 @@ def run_data(args) -> None:
 
 def run_train(args) -> None:
     _train(args, _train_recipe(args))
+    if args.export:
+        _export(args.run, args.base_model)
+
+
+def _export(run, base_model, export_to=None, eagle1_format: bool = False) -> None:
+    from .. import training
+
+    destination = Path(export_to) if export_to else Path(run) / "head"
+    print(f"wrote {training.export(Path(run), destination, base_model, compact=not eagle1_format)}")
 
 
 def run_export(args) -> None:
-    from .. import training
-
-    destination = Path(args.export_to) if args.export_to else Path(args.run) / "head"
-    print(f"wrote {training.export(Path(args.run), destination, args.base_model, compact=not args.eagle1_format)}")
+    _export(args.run, args.base_model, args.export_to, args.eagle1_format)
 
 
 def run_all(args) -> None:
