@@ -471,7 +471,16 @@ def test_the_page_gives_each_eagle_trees_time_a_cycle_and_tau():
     assert lines == ["eagle[eagle_default] at T=0: 80.0 ms a cycle (wall time / cycles, prefill included), tau 2.00"]
 
 
-def test_every_method_the_suite_offers_answers_transformers_greedy_tokens_at_t0():
+def test_every_method_the_suite_offers_answers_transformers_greedy_tokens_at_t0(monkeypatch):
+    from transformers import CompileConfig
+
+    from eagle_mdsd import peers
+
+    # hf_compiled traced by dynamo but run eagerly: inductor's compile (about 20 s on a cold cache) and its
+    # answers are tests/test_compiled_peer.py's
+    config = CompileConfig(backend="eager", mode=None)
+    config._compile_all_devices = True
+    monkeypatch.setattr(peers, "compile_config", lambda device: config)
     target = tiny_target(vocab=64, hidden=64)
     draft_head, topology = head.random_head(target), tree.load("chain4")
     prompt = [5, 6, 7, 5, 6, 7, 5, 6]  # repeats, so that prompt lookup finds drafts
