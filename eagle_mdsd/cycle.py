@@ -285,16 +285,17 @@ class Cycle:
         if self.topology is None:
             tree.tokens[:1] = state.root
         cache, span = self.target_cache, self.target_cache.span
-        cache.slots = state.length + self.rows[: self.nodes + 1]
+        count = self._scored()
+        cache.slots = state.length + self.rows[:count]
         # eagerly the plain step attends as `generate`'s does: no mask, the model's own kernel choice
-        mask = None if self.exact and self.nodes == 0 else self._mask(state.length, tree.ancestors, span)
-        features = self.decoder.target_forward(cache, tree.tokens, state.length + tree.depth, mask)
-        logits = self.decoder.logits(features)
+        mask = None if self.exact and self.nodes == 0 else self._mask(state.length, tree.ancestors[:count], span)
+        features = self.decoder.target_forward(cache, tree.tokens[:count], state.length + tree.depth[:count], mask)
+        logits = self.decoder.logits(features)  # [count, V]
         if self.temperature == 0:
             argmax = logits.max(-1).indices  # the first maximal index, as argmax; several times faster on bf16
-            missed = (tree.tokens != argmax.index_select(0, tree.parent)) | ~tree.valid
-            reached = ~(tree.ancestors[:, 1:] & missed[None, 1:]).any(-1)
-            best = torch.where(reached, tree.rank, -1).argmax().reshape(1)
+            missed = (tree.tokens[:count] != argmax.index_select(0, tree.parent[:count])) | ~tree.valid[:count]
+            reached = ~(tree.ancestors[:count, 1:count] & missed[None, 1:]).any(-1)
+            best = torch.where(reached, tree.rank[:count], -1).argmax().reshape(1)
             path, accepted, bonus = tree.paths.index_select(0, best)[0], tree.depth.index_select(0, best), \
                 argmax.index_select(0, best)
         else:
@@ -318,12 +319,21 @@ class Cycle:
                                      tree.internal.index_select(0, best).long()]))
         return self.result
 
+    def _scored(self) -> int:
+        """How many of the tree's rows [root, nodes] the target scores: all under graphs (one shape); eagerly up to
+        the last valid node (one host read), so that a graft's unfilled slots and a grown tree's unused ones cost
+        a CPU nothing.  A node's parent precedes it, so the scored rows hold every valid node's ancestors."""
+        if not self.exact or not (self.grafted or self.grown):
+            return self.nodes + 1
+        return int(self.tree.valid.nonzero()[-1]) + 1
+
     def _sample(self, logits) -> tuple:
         """T > 0: (path, accepted drafts, bonus).  Every node's output (node_outputs) takes two uniforms drawn up
         front, one for its draw of p and one for the verifier's; under graphs every node's output is computed and
         the walk is tensor ops, eagerly only the walk's nodes' are (a CPU pays for every row it computes, and the
         walk visits few).  The uniforms make both give the same tokens, seed for seed."""
-        uniform = torch.rand((2, len(logits), 1), generator=self.generator, dtype=torch.float64, device=self.device)
+        # every node's pair, scored or not: the same draws eagerly as under graphs, seed for seed
+        uniform = torch.rand((2, self.nodes + 1, 1), generator=self.generator, dtype=torch.float64, device=self.device)
         if self.exact and self.topology is not None:
             return self._walk(logits, uniform)
         p = self._p(logits)

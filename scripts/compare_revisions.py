@@ -24,6 +24,7 @@ import copy
 import dataclasses
 import datetime
 import importlib
+import math
 import subprocess
 import sys
 import tarfile
@@ -103,9 +104,21 @@ def pair_for(topology, pair: str, temperature: float) -> str:
     return pair
 
 
+def paired_ratio(new: list[float], old: list[float]) -> tuple[float, float, float]:
+    """The geometric mean of the per-question ratios new / old and its 95% interval (Student's t over the log
+    ratios): the questions are the samples, so the interval states how far the machine's noise moves the ratio."""
+    from scipy import stats
+
+    logs = torch.tensor(new, dtype=torch.float64).log() - torch.tensor(old, dtype=torch.float64).log()
+    mean = logs.mean().item()
+    half = stats.t.ppf(0.975, len(logs) - 1) * (logs.std() / len(logs) ** 0.5).item() if len(logs) > 1 else 0.0
+    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+
+
 def timed_rows(decoders: dict, prompts: list, label: str, temperature: float, args) -> list[str]:
     """Both engines on every prompt in turn (alternating which goes first), after one warm-up call each."""
     totals = {name: [0, 0.0, 0] for name in decoders}  # new tokens, seconds, cycles
+    speeds = {name: [] for name in decoders}  # each question's tokens/s
     for decoder in decoders.values():
         decoder.generate(prompts[0], 16, temperature, method=args.method)
     for i, prompt in enumerate(prompts):
@@ -114,9 +127,14 @@ def timed_rows(decoders: dict, prompts: list, label: str, temperature: float, ar
             totals[name][0] += result.new_tokens
             totals[name][1] += result.wall_time_s
             totals[name][2] += result.cycles
+            speeds[name].append(result.new_tokens / result.wall_time_s)
     speed = {name: tokens / seconds for name, (tokens, seconds, _) in totals.items()}
-    rows = [f"| {label} | {temperature:g} | {name} | {tokens} | {tokens / cycles:.2f} | {speed[name]:.1f} | "
-            f"{speed[name] / speed['revision']:.2f}x |" for name, (tokens, _, cycles) in totals.items()]
+    rows = []
+    for name, (tokens, _, cycles) in totals.items():
+        ratio, low, high = paired_ratio(speeds[name], speeds["revision"])
+        per_question = "-" if name == "revision" else f"{ratio:.2f}x ({low:.2f}-{high:.2f})"
+        rows.append(f"| {label} | {temperature:g} | {name} | {tokens} | {tokens / cycles:.2f} | {speed[name]:.1f} | "
+                    f"{speed[name] / speed['revision']:.2f}x | {per_question} |")
     print(*rows, sep="\n", flush=True)
     return rows
 
@@ -124,7 +142,8 @@ def timed_rows(decoders: dict, prompts: list, label: str, temperature: float, ar
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("revision", help="a git revision of this repository (commit, tag, branch)")
-    parser.add_argument("--questions", type=int, default=8, help="MT-Bench first turns, one per 10 question ids")
+    parser.add_argument("--questions", type=int, default=8,
+                        help="MT-Bench first turns, one per 10 question ids (more than 8: one per 80 / N)")
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     parser.add_argument("--trees", nargs="+", default=["eagle_default"],
                         help="trees as --tree takes them: static, dynamic (eagle2, opt_tree) or TREE+lookup")
@@ -158,7 +177,8 @@ def main() -> None:
     target, tokenizer = models.load_target(None, dtype, "cpu")
     draft_head = head.load_head(models.DEFAULT_HEAD, target)
     eos = models.eos_token_ids(target, tokenizer)
-    chosen = questions.load("mt_bench")[:: 10][: args.questions]
+    every = questions.load("mt_bench")
+    chosen = every[:: max(1, min(10, len(every) // args.questions))][: args.questions]  # spread over the categories
     prompts = [bench.conversation_ids(tokenizer, [q["turns"][0]], []) for q in chosen]
     rows, firsts = [], []
     with tempfile.TemporaryDirectory() as folder:
@@ -194,8 +214,12 @@ def main() -> None:
         + (f" --max-new-tokens {args.max_new_tokens}" if args.max_new_tokens != 128 else "")
         + (f" --first-cycles {args.first_cycles}" if args.first_cycles else "")
         + (f" --name {args.name}" if args.name else "") + "`", "",
-        "| tree, pair | T | engine | new tokens | tau | tokens/s | against the revision |",
-        "|---|---|---|---|---|---|---|", *rows, "",
+        "| tree, pair | T | engine | new tokens | tau | tokens/s | against the revision | per question: geometric "
+        "mean (95% interval) |",
+        "|---|---|---|---|---|---|---|---|", *rows, "",
+        "Against the revision: total tokens over total time, each engine's.  Per question: the geometric mean of "
+        "the questions' tokens/s ratios, with the 95% interval of Student's t over their logarithms (the questions "
+        "as samples; at T > 0 the engines' sampled answers differ, so their lengths and tau add to the spread).", "",
         *([f"First cycles: each question's first cycle, {args.first_cycles} seeds a question (1000 on), both engines "
            "on each seed in turn; accepted length counts the bonus token.", "",
            "| tree | T | engine | first cycles | mean accepted length | standard error | against the revision |",

@@ -82,6 +82,23 @@ def test_lookup_trees_are_greedy_and_accept_the_repeats(repeating, spec):
     assert max(with_lookup.accept_lengths) == 7 and with_lookup.cycles < alone.cycles / 2
 
 
+def test_eagerly_the_target_scores_no_unfilled_graft_slot(repeating):
+    """Eagerly the verify forward stops at the last valid node: a short proposal's empty slots cost nothing.
+    Under graphs every cycle scores all of them (one shape), and both decode alike."""
+    target, draft_head = repeating
+    rows, tokens = {}, {}
+    for graphs in ("off", "emulate"):
+        decoder = engine.Decoder(target, draft_head, lookup.LookupTree(tree.compile_tree(TREES["wide"]), 6),
+                                 cuda_graphs=graphs)
+        forward, rows[graphs] = decoder.target_forward, []
+        decoder.target_forward = lambda cache, ids, *args: rows[graphs].append(len(ids)) or forward(cache, ids, *args)
+        tokens[graphs] = decoder.generate(PROMPT, 40, 0.0).token_ids
+    assert tokens["off"] == tokens["emulate"]
+    full = 1 + 6 + 6  # the root, wide's six drafts, six graft slots
+    assert set(rows["emulate"][1:]) == {full}  # (after the prefill)
+    assert all(7 <= count <= full for count in rows["off"][1:]) and min(rows["off"][1:]) < full
+
+
 def test_lookup_trees_load_by_name():
     loaded = tree_specs.load("eagle_default+lookup")
     assert isinstance(loaded, lookup.LookupTree) and loaded.tokens == 10 and loaded.label == "eagle_default+lookup10"
