@@ -36,3 +36,21 @@ def test_the_cycle_timing_refuses_cuda_without_a_gpu(tmp_path):
     with pytest.raises(SystemExit, match="^error: --device cuda but torch sees no CUDA device"):
         evaluation_scripts.load("gpu_cycle").main(["--device", "cuda", "--out", str(tmp_path)])
     assert not list(tmp_path.iterdir())
+
+
+def test_the_busy_share_sums_the_device_events_alone():
+    """busy_share's sum over the profiler's raw events: device events count, host ones do not."""
+
+    class Event:
+        def __init__(self, device, nanoseconds):
+            self.device, self.nanoseconds = device, nanoseconds
+
+        def device_type(self):
+            return self.device
+
+        def duration_ns(self):
+            return self.nanoseconds
+
+    kinds = torch.autograd.DeviceType
+    events = [Event(kinds.CUDA, 2_000_000), Event(kinds.CPU, 9_000_000), Event(kinds.CUDA, 500_000)]
+    assert evaluation_scripts.load("gpu_cycle").device_seconds(events) == pytest.approx(0.0025)
