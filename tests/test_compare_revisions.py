@@ -1,20 +1,15 @@
 """scripts/compare_revisions.py: the per-question ratio and its interval."""
 
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+import evaluation_scripts
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("compare_revisions", ROOT / "scripts" / "compare_revisions.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return evaluation_scripts.load("compare_revisions")
 
 
 def test_the_per_question_ratio_is_a_geometric_mean_with_a_t_interval(script):

@@ -3,7 +3,6 @@ token ids, put back as shards on a fresh machine, the call's summary; and the sc
 the CPU, in two calls as on the device, with $OUT packed as the device tool brings it back (at most 8 files of
 at most 16 MiB)."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -17,15 +16,14 @@ import torch
 
 from eagle_mdsd import training
 
+import evaluation_scripts
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("gpu_train_head", ROOT / "scripts" / "gpu_train_head.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return evaluation_scripts.load("gpu_train_head")
 
 
 def _samples(run):
