@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from . import kernels
+from . import graphs, kernels
 from .cache import KVCache
 from .tree import Tree
 
@@ -28,8 +28,9 @@ class DraftModel:
     check on the host.
     """
 
-    def __init__(self, head, target, draft_vocab: int | None, fill: int, packed: bool):
+    def __init__(self, head, target, draft_vocab: int | None, fill: int, packed: bool, compiled: bool = False):
         self.head, self.dtype = head, target.dtype
+        self.step = graphs.compiled(head) if compiled else head  # the head's forward, compiled or not
         self.embed, self.lm_head = target.get_input_embeddings(), target.get_output_embeddings()
         self.ids = self.outside = self.rows = None
         self.draft_lm_head = self.lm_head
@@ -79,7 +80,7 @@ class DraftModel:
     def forward(self, cache: KVCache, features, tokens, positions, mask):
         """Predicted features [k, H] of k (feature, token) pairs; their entries go to the cache's slots and the
         additive mask [k, span] says what each sees."""
-        return self.head(features[None], self.embed(tokens)[None], positions[None], mask[None, None], cache)[0]
+        return self.step(features[None], self.embed(tokens)[None], positions[None], mask[None, None], cache)[0]
 
     def run(self, cache: KVCache, features, tokens, positions, block):
         """Eagerly, k pairs appended after the cache's committed entries: they see all of those and, among

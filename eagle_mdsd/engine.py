@@ -91,12 +91,14 @@ class Decoder:
         frequent tokens only (exact); 'auto': head.AUTO_DRAFT_VOCAB of them where the head ships its token ranking.
         kernels_choice: 'auto' packs the linear layers in bf16 where kernels.available, 'stock' never.
         cuda_graphs: 'auto' captures each phase of the cycle as a CUDA graph on CUDA (graphs.py), 'off' never,
-        'emulate' replays them as graphs.Emulated on any device (what a CPU can check and count of the graphs)."""
+        'compile' also compiles the target's and the head's forwards (graphs.compiled; on any device), 'emulate'
+        replays them as graphs.Emulated on any device (what a CPU can check and count of the graphs)."""
         self.target, self.head, self.tree = target, head, tree
         self.scheme, self.verifier = drafting.get(drafter), verification.get(verifier)
         verification.check_pair(self.scheme, self.verifier)
-        self.decoder_model = target.get_decoder()
-        self.target_cache_keyword = models.cache_keyword(self.decoder_model)
+        compiling, decoder_model = cuda_graphs == "compile", target.get_decoder()
+        self.decoder_model = graphs.compiled(decoder_model) if compiling else decoder_model
+        self.target_cache_keyword = models.cache_keyword(decoder_model)
         self.lm_head = target.get_output_embeddings()
         self.device = self.lm_head.weight.device
         # EAGLE-3 heads read three layers' hidden states beside the final feature (eagle3.py)
@@ -104,9 +106,8 @@ class Decoder:
         self.hidden_size = target.config.hidden_size
         self.eos = set(int(e) for e in eos_token_ids)
         self.packed = kernels.resolve(kernels_choice, self.lm_head.weight)
-        for model in (target, head) if self.packed else ():
-            if model is not None:
-                kernels.pack(model)
+        for model in (model for model in (target, head) if self.packed and model is not None):
+            kernels.pack(model)
         draft_vocab = checked_draft_vocab(head, draft_vocab)
         if tree is not None:
             tree.check_scheme(self.scheme, self.lm_head.weight.shape[0])
@@ -115,7 +116,7 @@ class Decoder:
         self.caches = {}  # capacity -> (target cache, head cache), kept so that captured graphs replay
         self.cycles = {}  # (target cache, method) -> its cycle.Cycle, kept for the same reason
         self.draft_model = None if head is None else \
-            drafters.DraftModel(head, target, draft_vocab, tree.fill if tree else 1, self.packed)
+            drafters.DraftModel(head, target, draft_vocab, tree.fill if tree else 1, self.packed, compiling)
 
     def target_forward(self, cache: KVCache, tokens, positions, mask=None):
         """The target's features (last hidden states after its final norm) [k, H], its k entries written at the

@@ -25,16 +25,25 @@ import torch
 
 from .errors import UsageError
 
-CHOICES = ("auto", "off")
+CHOICES = ("auto", "off", "compile")
 # What a replay is labelled in the profiler: hostsync.top_level_ops counts replays, not the ops inside them.
 REPLAY = "eagle_mdsd::graph_replay"
 
 
 def resolve(choice: str, device: torch.device) -> bool:
-    """--cuda-graphs auto|off -> whether to capture: auto means on CUDA."""
+    """--cuda-graphs auto|off|compile -> whether to capture: auto and compile mean on CUDA (compile also compiles
+    the models' forwards, `compiled`)."""
     if choice not in CHOICES:
         raise UsageError(f"unknown --cuda-graphs {choice!r}: use one of {', '.join(CHOICES)}")
-    return choice == "auto" and torch.device(device).type == "cuda"
+    return choice in ("auto", "compile") and torch.device(device).type == "cuda"
+
+
+def compiled(module):
+    """A model's forward compiled by torch.compile (inductor), with dynamic shapes: one compilation serves every
+    row count and span, so a phase's graphs of every span bucket replay one compiled code.  Under CUDA graphs its
+    kernels are captured like any others; what it buys is fewer, fused kernels a layer (norms, rotary embeddings,
+    activations), where a captured step of a small model spends its time (launch gaps between tiny kernels)."""
+    return torch.compile(module, dynamic=True)
 
 
 class Graphs:

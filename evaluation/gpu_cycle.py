@@ -11,6 +11,8 @@ PROMPT-token prompt, the prefill subtracted (a call of 1 token timed beside each
 - ms per step of our plain loop, of transformers `generate` (eager) and of `hf_compiled` (static cache and
   torch.compile; its compile and warm-up seconds apart);
 - ms per cycle of EAGLE on each tree at each temperature, with the benchmark's drafter and verifier there;
+- with --compile-ours, the same for our plain step and eagle_default with `--cuda-graphs compile` (the target's
+  and head's forwards compiled by torch.compile inside the graphs; its compile seconds are the row's warm-up);
 - the weight-read floor: the bytes a step reads (the weights; the KV cache is small at these lengths) over the
   device's copy bandwidth, measured here;
 - whether CUDA graphs were captured for each of our rows, and loudly any refusal (a refused capture runs the
@@ -211,6 +213,8 @@ def main(argv=None) -> None:
     parser.add_argument("--temperatures", default="0,1", help="EAGLE's cycles at these temperatures (default 0,1)")
     parser.add_argument("--trees", nargs="+", default=list(TREES), help="EAGLE's trees (default: %(default)s)")
     parser.add_argument("--no-compiled", action="store_true", help="skip hf_compiled (its compile takes a while)")
+    parser.add_argument("--compile-ours", action="store_true",
+                        help="also our plain step and eagle_default with --cuda-graphs compile (minutes to compile)")
     parser.add_argument("--profile", action="store_true", help="also the GPU's busy share (CUDA)")
     parser.add_argument("--tau-from", type=Path, help="a benchmark's result JSON: projected tokens/s from its tau")
     parser.add_argument("--out", type=Path, help="folder for the page (default runs/gpu_cycle/DATE_HOST_TIME)")
@@ -253,12 +257,13 @@ def main(argv=None) -> None:
                  "real, tau is not.", "",
                  f"Weight-read floor: {weights / 1e6:.1f} MB a step over {bandwidth / 1e9:.0f} GB/s (a device copy's "
                  f"bandwidth, measured here) = **{floor_ms:.3f} ms** a step.", ""]
-        projected = any((name.split(", T = ")[0], t) in taus for name, (_, _, _, t, _) in rows.items())
+        projected = any((name.split(", T = ")[0].replace("compiled ", ""), t) in taus
+                        for name, (_, _, _, t, _) in rows.items())
         lines += ["| what | ms per step or cycle | over the floor | cycles a call | warm-up s | CUDA graphs |"
                   + (" projected tokens/s |" if projected else ""),
                   "|---|---|---|---|---|---|" + ("---|" if projected else "")]
         for name, (ms, cycles, warm, t, note) in rows.items():
-            tau = taus.get((name.split(", T = ")[0], t))
+            tau = taus.get((name.split(", T = ")[0].replace("compiled ", ""), t))
             lines.append(f"| {name} | {ms:.2f} | {ms / floor_ms:.2f}x | {cycles} | {warm:.1f} | {note} |"
                          + ((f" {1000 * tau / ms:.0f} (tau {tau:.2f}) |" if tau else " - |") if projected else ""))
         notes = [note for *_, note in rows.values() if note != "-"]
@@ -291,9 +296,10 @@ def main(argv=None) -> None:
     def timed(name: str, call, t: float = 0.0, warm_s: float | None = None, decoder=None) -> None:
         """One row: call(n) answers n tokens and returns its cycles; its first call warms up, untimed.  decoder:
         ours, whose CUDA graphs the row reports."""
-        if warm_s is None:
+        if warm_s is None:  # both calls the timing makes (a compiled forward may meet a new shape in either)
             begun = time.perf_counter()
             call(args.tokens)
+            call(1)
             warm_s = time.perf_counter() - begun
         ms, cycles = per_cycle_ms(call, args.tokens, args.repeats, args.device)
         label = name if name.endswith("step") else f"{name}, T = {t:g}"
@@ -320,6 +326,17 @@ def main(argv=None) -> None:
             decoder = engine.Decoder(target, draft_head, topology, drafter, verifier, draft_vocab="auto")
             name = f"ours, {tree_name.split(':')[0]} cycle"
             timed(name, lambda n, d=decoder, t=t: d.generate(prompt, n, t, method="eagle").cycles, t, decoder=decoder)
+    if args.compile_ours:
+        fused = engine.Decoder(target, cuda_graphs="compile")
+        timed("ours, compiled plain step", lambda n: fused.generate(prompt, n, 0.0, method="baseline").cycles,
+              decoder=fused)
+        default = plans.benchmark_setups(["eagle_default"], "topk", "topk", sampled, device=args.device)[0]
+        for t in temperatures:
+            _, topology, drafter, verifier = default[t > 0]
+            decoder = engine.Decoder(target, draft_head, topology, drafter, verifier, draft_vocab="auto",
+                                     cuda_graphs="compile")
+            timed("ours, compiled eagle_default cycle",
+                  lambda n, d=decoder, t=t: d.generate(prompt, n, t, method="eagle").cycles, t, decoder=decoder)
     if not args.no_compiled:
         compiled = peers.CompiledPeer(target, [], cache_tokens=args.prompt + args.tokens)
         warm_s = compiled.prepare()

@@ -8,7 +8,9 @@
 # Call A needs no weights (it carries the model's first part): evaluation/gpu_cycle.py on random targets of the
 #   embedded default's shape (SmolLM2-135M, with tokens/s projected from the CPU headline's tau) and Vicuna-7B's:
 #   ms per step of our loop, eager `generate` and hf_compiled, ms per cycle of EAGLE's trees at T = 0 and 1, the
-#   weight-read floor and the profiler's busy share.
+#   weight-read floor and the profiler's busy share; then, in the time left, each shape's plain step and
+#   eagle_default cycle with --cuda-graphs compile beside the same without it (COMPILED_SHAPES, default on CUDA
+#   "smollm2 vicuna7b").
 # Call B (it carries the last part, so the model is whole): `eagle-mdsd benchmark`, 8 questions, T = 0 and 1, every
 #   method, EAGLE on eagle_default, chain2 and eagle2 (each tree at both temperatures), then `check-greedy` in
 #   float32 with the shipped head; a benchmark that fails (a crash, not the deadline) is resumed once by a fresh
@@ -17,7 +19,7 @@
 #     bash scripts/gpu_run.sh bundle    # here
 #     CALL=A bash scripts/gpu_run.sh    # there, as `bundle` prints it
 #
-# DEADLINE_S: seconds the whole call may take, packing included (default A 210, B 510); a stage is stopped
+# DEADLINE_S: seconds the whole call may take, packing included (default A 300, B 480); a stage is stopped
 # (SIGINT, then killed) when it would outlast it, and what it wrote is packed as cut.  $OUT receives
 # gpu_run_CALL.md, results_CALL.tgz (the call's folder: pages, answers, logs) and machine_CALL.txt.  DEVICE
 # (default cuda), PYTHON (default python3), WORK (default runs/gpu_CALL), SHAPES (default "smollm2 vicuna7b"),
@@ -61,15 +63,15 @@ bundle() {
     "in ${#parts[@]} parts of at most $((part >> 20)) MiB"
   echo "Device tool calls, back to back (the machine keeps .gpu/ only while warm, 30 s after a call):"
   echo "  run  carry=[\"${parts[0]}\", \".gpu/wheels\", \".gpu/model.sha256\"]  command=\"CALL=A bash" \
-    "scripts/gpu_run.sh\"  timeout_s=240"
+    "scripts/gpu_run.sh\"  timeout_s=330"
   local last=$((${#parts[@]} - 1)) k
   for ((k = 1; k < last; k++)); do
     echo "  run  carry=[\"${parts[k]}\"]  command=\"ls -l .gpu\"  timeout_s=60"
   done
   if [ "$last" -gt 0 ]; then
-    echo "  run  carry=[\"${parts[last]}\"]  command=\"CALL=B bash scripts/gpu_run.sh\"  timeout_s=540"
+    echo "  run  carry=[\"${parts[last]}\"]  command=\"CALL=B bash scripts/gpu_run.sh\"  timeout_s=510"
   else
-    echo "  run  command=\"CALL=B bash scripts/gpu_run.sh\"  timeout_s=540"
+    echo "  run  command=\"CALL=B bash scripts/gpu_run.sh\"  timeout_s=510"
   fi
   echo "  give_back  (or, with 4 minutes of device time left, first the head's training:" \
     "run command=\"STAGES='data train' bash scripts/gpu_train_head.sh\")"
@@ -81,7 +83,7 @@ if [ "${1:-}" = bundle ]; then
 fi
 
 call=${CALL:?set CALL=A or CALL=B (here: bash scripts/gpu_run.sh bundle)}
-case $call in A) budget=${DEADLINE_S:-210} ;; B) budget=${DEADLINE_S:-510} ;;
+case $call in A) budget=${DEADLINE_S:-300} ;; B) budget=${DEADLINE_S:-480} ;;
   *) echo "CALL=$call: use CALL=A (no weights) or CALL=B (the model's parts all carried)" >&2; exit 2 ;; esac
 out=${OUT:?set OUT to the folder the results go to}
 device=${DEVICE:-cuda}
@@ -155,6 +157,14 @@ if [ "$call" = A ]; then
     stage "cycle_$shape" "$python" evaluation/gpu_cycle.py --device "$device" --shape "$shape" --profile \
       --out "$work/cycle_$shape" "${projection[@]}" ${CYCLE_ARGS:-}
     pack "cycle_$shape"
+  done
+  # Then, in the time left, our plain step and eagle_default cycle (T = 0) with --cuda-graphs compile beside the
+  # same without it, in one process a shape: does compiling the forwards inside the graphs (fewer, fused kernels)
+  # bring the step toward the floor?  (On CUDA by default: inductor costs a CPU minutes.)
+  for shape in ${COMPILED_SHAPES-$([ "$device" = cuda ] && echo smollm2 vicuna7b)}; do
+    stage "compiled_$shape" "$python" evaluation/gpu_cycle.py --device "$device" --shape "$shape" \
+      --trees eagle_default --temperatures 0 --no-compiled --compile-ours --out "$work/compiled_$shape"
+    pack "compiled_$shape"
   done
 else
   # shellcheck disable=SC2206  # BENCH_ARGS: the benchmark's arguments, split

@@ -189,3 +189,48 @@ def test_every_pair_decodes_seed_for_seed_with_graphs_emulated(pair):
         result = device.generate(PROMPT, 12, 1.0, seed=seed)
         assert result.token_ids == expected.token_ids and result.accepted_ranks == expected.accepted_ranks, seed
     assert {key[0] for key in device.graphs.entries} == {"draft", "verify"}
+
+
+def _greedy(target, tokens: int) -> list[int]:
+    sequence = list(PROMPT)
+    with torch.no_grad():
+        for _ in range(tokens):
+            sequence.append(int(target(torch.tensor([sequence])).logits[0, -1].argmax()))
+    return sequence[len(PROMPT):]
+
+
+def test_compiled_forwards_trace_whole_serve_every_span_and_stay_greedy(target_and_head, monkeypatch):
+    """--cuda-graphs compile: the target's and the head's forwards go through torch.compile whole (no graph break
+    in our cache, masks or slots), and once two prompt lengths have been seen, longer prompts, other spans, T = 1
+    and another tree kind compile nothing new (dynamic shapes: a GPU's span buckets replay one compiled code).
+    Dynamo's eager backend here: inductor's code generation is torch's to test, and costs a CPU a minute
+    (`test_inductor_compiled_forwards_stay_greedy`, marked slow, runs it)."""
+    import functools
+
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    target, draft_head = target_and_head
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
+    torch._dynamo.reset()
+    counters.clear()
+    decoder = engine.Decoder(target, draft_head, tree_specs.load("eagle_default"), cuda_graphs="compile")
+    assert decoder.generate(PROMPT, 16, 0.0).token_ids == _greedy(target, 16)
+    decoder.generate(PROMPT + [5, 6], 16, 0.0)
+    seen = counters["stats"]["unique_graphs"]
+    decoder.generate(PROMPT + [5, 6, 7, 8, 9, 10], 24, 1.0, seed=2)
+    lookup = engine.Decoder(target, draft_head, tree_specs.load("chain2+lookup"), cuda_graphs="compile")
+    assert lookup.generate(PROMPT, 16, 0.0).token_ids == _greedy(target, 16)
+    assert counters["stats"]["unique_graphs"] == seen and not counters["graph_break"]
+    torch._dynamo.reset()
+
+
+@pytest.mark.slow
+def test_inductor_compiled_forwards_stay_greedy(target_and_head):
+    """--cuda-graphs compile with inductor itself, on a CPU: eagerly and with graphs emulated."""
+    target, draft_head = target_and_head
+    for mode in ("compile", "emulate"):
+        decoder = engine.Decoder(target, draft_head, tree_specs.load("eagle_default"), cuda_graphs="compile")
+        if mode == "emulate":
+            decoder.graphs = graphs.Emulated()
+        assert decoder.generate(PROMPT, 16, 0.0).token_ids == _greedy(target, 16)

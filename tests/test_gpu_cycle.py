@@ -33,6 +33,24 @@ def test_the_cycle_timing_writes_its_page_on_a_cpu(tmp_path):
     assert "CUDA graphs: off on this device; every row of ours ran eagerly." in page
 
 
+def test_our_compiled_rows_are_timed_beside_the_others(tmp_path, monkeypatch):
+    """--compile-ours: our plain step and eagle_default at each temperature with --cuda-graphs compile (dynamo's
+    eager backend here: inductor costs a CPU a minute), the projected tokens/s of their uncompiled rows' tau."""
+    import functools
+
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
+    result = tmp_path / "result.json"
+    entry = {"label": "baseline", "categories": {"all": {"tau": 1.0}}}
+    result.write_text(json.dumps({"temperatures": {"t0": {"entries": [entry]}}}))
+    evaluation_scripts.load("gpu_cycle").main(["--shape", "tiny", "--device", "cpu", "--tokens", "4", "--repeats", "1",
+                                               "--prompt", "8", "--out", str(tmp_path), "--no-compiled",
+                                               "--trees", "chain2", "--compile-ours", "--tau-from", str(result)])
+    page = (tmp_path / "gpu_cycle_tiny.md").read_text()
+    assert re.search(r"\| ours, compiled plain step \| [\d.]+ \|.* \| off \| -?\d+ \(tau 1\.00\) \|", page)
+    for t in (0, 1):
+        assert f"| ours, compiled eagle_default cycle, T = {t} |" in page
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
 def test_the_cycle_timing_refuses_cuda_without_a_gpu(tmp_path):
     with pytest.raises(SystemExit, match="^error: --device cuda but torch sees no CUDA device"):

@@ -124,24 +124,26 @@ case $shape in {sleeps} esac
 """)
     fake.chmod(0o755)
     env = {"PATH": os.environ["PATH"], "OUT": str(out), "GPU_SITE": str(tmp_path / "site"), "PYTHON": str(fake),
-           "CALL": "A", "SHAPES": " ".join(stage_seconds), "PACK_RESERVE_S": "1"}
+           "CALL": "A", "SHAPES": " ".join(stage_seconds), "PACK_RESERVE_S": "1", "COMPILED_SHAPES": ""}
     return out, env
 
 
 def test_stages_are_packed_one_by_one_and_a_cut_stage_leaves_the_earlier_pages(tmp_path):
     out, env = _fake_device(tmp_path, {"first": 0, "second": 0, "slow": 60, "last": 0})
     begun = time.time()
-    done = subprocess.run(["bash", "scripts/gpu_run.sh"], cwd=tmp_path, env={**env, "DEADLINE_S": "12"},
+    done = subprocess.run(["bash", "scripts/gpu_run.sh"], cwd=tmp_path,
+                          env={**env, "DEADLINE_S": "12", "COMPILED_SHAPES": "late"},
                           capture_output=True, text=True, timeout=120)
     assert time.time() - begun < 40  # the slow stage was stopped at the deadline
     assert done.returncode != 0
     # each stage found the pages of the stages before it packed already
     assert (tmp_path / "calls").read_text().splitlines() == ["first found: 0", "second found: 1", "slow found: 2"]
     assert re.findall(r"packed after (\w+)", done.stderr) == ["cycle_first", "cycle_second", "cycle_slow",
-                                                               "cycle_last"]
+                                                               "cycle_last", "compiled_late"]
     page = (out / "gpu_run_A.md").read_text()
     assert "| cycle_first | done |" in page and "| cycle_second | done |" in page
     assert "| cycle_slow | cut at the deadline |" in page and "| cycle_last | skipped: the deadline | 0 |" in page
+    assert "| compiled_late | skipped: the deadline | 0 |" in page  # the compiled rows come last, in the time left
     assert "# page of first" in page and "# page of second" in page and "# page of slow" in page
     with tarfile.open(out / "results_A.tgz") as packed:
         for shape in ("first", "second"):
@@ -180,7 +182,8 @@ case "$*" in *"benchmark "*"--name bench"*) exit 134 ;; esac
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     benchmarks = [line for line in (tmp_path / "calls").read_text().splitlines() if " benchmark " in line]
-    assert len(benchmarks) == 2 and benchmarks[0].endswith(" --name bench") and benchmarks[1].endswith(" --resume bench")
+    assert len(benchmarks) == 2 and benchmarks[0].endswith(" --name bench")
+    assert benchmarks[1].endswith(" --resume bench")
     assert benchmarks[0].removesuffix(" --name bench") == benchmarks[1].removesuffix(" --resume bench")
     page = (out / "gpu_run_B.md").read_text()
     assert "| benchmark | failed (exit 134; logs/benchmark.log) |" in page and "| benchmark_resumed | done |" in page

@@ -148,7 +148,8 @@ def engine(profile: bool = True) -> argparse.ArgumentParser:
                        help="linear layers: 'auto' packs bf16 weights for oneDNN where the CPU supports it, "
                             "'packed' insists, 'stock' keeps torch's own")
     group.add_argument("--cuda-graphs", default="auto", choices=graphs.CHOICES,
-                       help="'auto' replays the fixed-shape calls as CUDA graphs on CUDA, 'off' runs them eagerly")
+                       help="'auto': the cycle as CUDA graphs on CUDA; 'off': eagerly; 'compile': also the "
+                            "models' forwards torch.compiled (fused kernels; minutes to compile)")
     if profile:
         group.add_argument("--profile", action="store_true", help="time the phases of each cycle")
     return parser
