@@ -42,8 +42,22 @@ def compiled(module):
     """A model's forward compiled by torch.compile (inductor), with dynamic shapes: one compilation serves every
     row count and span, so a phase's graphs of every span bucket replay one compiled code.  Under CUDA graphs its
     kernels are captured like any others; what it buys is fewer, fused kernels a layer (norms, rotary embeddings,
-    activations), where a captured step of a small model spends its time (launch gaps between tiny kernels)."""
-    return torch.compile(module, dynamic=True)
+    activations), where a captured step of a small model spends its time (launch gaps between tiny kernels).
+    Where inductor cannot compile (no C++ compiler on a CPU, say), the first call says so in one line."""
+    import torch._dynamo.exc
+
+    compiled_module = torch.compile(module, dynamic=True)
+
+    def forward(*args, **kwargs):
+        try:
+            return compiled_module(*args, **kwargs)
+        except torch._dynamo.exc.BackendCompilerFailed as error:
+            cause = getattr(error, "inner_exception", None) or error  # (the compiler's own error)
+            first = (str(cause).strip().splitlines() or [type(cause).__name__])[0][:200]
+            raise UsageError(f"--cuda-graphs compile: torch.compile failed ({first}): use --cuda-graphs auto") \
+                from error
+
+    return forward
 
 
 class Graphs:

@@ -234,3 +234,21 @@ def test_inductor_compiled_forwards_stay_greedy(target_and_head):
         if mode == "emulate":
             decoder.graphs = graphs.Emulated()
         assert decoder.generate(PROMPT, 16, 0.0).token_ids == _greedy(target, 16)
+
+
+def test_a_forward_inductor_cannot_compile_is_a_one_line_error(target_and_head, monkeypatch):
+    import functools
+
+    import torch._dynamo
+    from eagle_mdsd.errors import UsageError
+
+    def broken(graph, inputs):
+        raise RuntimeError("no C++ compiler")
+
+    target, draft_head = target_and_head
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend=broken))
+    torch._dynamo.reset()
+    decoder = engine.Decoder(target, draft_head, tree_specs.load("chain2"), cuda_graphs="compile")
+    with pytest.raises(UsageError, match=r"^--cuda-graphs compile: torch.compile failed \(.*no C\+\+ compiler"):
+        decoder.generate(PROMPT, 4, 0.0)
+    torch._dynamo.reset()
