@@ -105,7 +105,7 @@ class Decoder:
         self.feature_layers = getattr(head, "feature_layers", None)
         self.hidden_size = target.config.hidden_size
         self.eos = set(int(e) for e in eos_token_ids)
-        self.packed = kernels.resolve(kernels_choice, self.lm_head.weight)
+        self.packed = kernels.resolve(kernels_choice, self.lm_head.weight, compiling)
         for model in (model for model in (target, head) if self.packed and model is not None):
             kernels.pack(model)
         draft_vocab = checked_draft_vocab(head, draft_vocab)

@@ -149,15 +149,19 @@ def _register_gqa_sdpa() -> None:
     AttentionMaskInterface.register(GQA_SDPA, sdpa_mask)  # the masks of transformers' SDPA attention
 
 
-def resolve(choice: str, weight: torch.Tensor) -> bool:
-    """--kernels auto|packed|stock -> whether to pack; 'packed' where it cannot run is an error."""
+def resolve(choice: str, weight: torch.Tensor, compiling: bool = False) -> bool:
+    """--kernels auto|packed|stock -> whether to pack; 'packed' where it cannot run is an error.  Forwards that
+    torch.compile compiles are not packed: inductor lowers oneDNN's linear only on weights it froze itself."""
     if choice not in CHOICES:
         raise UsageError(f"unknown kernels {choice!r}: use one of {', '.join(CHOICES)}")
+    if choice == "packed" and compiling:
+        raise UsageError("--kernels packed with --cuda-graphs compile: inductor packs its own weights; use "
+                         "--kernels auto (stock kernels under torch.compile)")
     if choice == "packed" and not available(weight):
         raise UsageError(f"--kernels packed needs bf16 weights on a CPU with oneDNN bf16 support (got "
                          f"{weight.dtype} on {weight.device.type}): use --dtype bfloat16 --device cpu, "
                          f"or --kernels auto")
-    return choice != "stock" and available(weight)
+    return choice != "stock" and available(weight) and not compiling
 
 
 def pack(model: torch.nn.Module, siblings: bool = True) -> torch.nn.Module:

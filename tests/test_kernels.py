@@ -120,6 +120,9 @@ def test_kernel_choices_are_checked():
         kernels.resolve("packed", torch.zeros(1))
     assert not kernels.resolve("auto", torch.zeros(1))  # fp32: stock kernels
     assert not kernels.resolve("stock", torch.zeros(1, dtype=torch.bfloat16))
+    assert not kernels.resolve("auto", torch.zeros(1, dtype=torch.bfloat16), compiling=True)  # inductor's own
+    with pytest.raises(ValueError, match="--kernels packed with --cuda-graphs compile: inductor packs its own"):
+        kernels.resolve("packed", torch.zeros(1, dtype=torch.bfloat16), compiling=True)
 
 
 @needs_packing

@@ -73,7 +73,7 @@ def answer_and_report(out: Path, answers: Path, plan: BenchmarkPlan = BenchmarkP
                             plan.new_run and index == 0)
     progress.update(folder=run.folder, questions=len(run.chosen[index::count]), answered=0)
     target, tokenizer = models.load_target(None, models.parse_dtype(plan.dtype), plan.device)
-    used_kernels = runners.kernels_used(plan.kernels_choice, target)
+    used_kernels = runners.kernels_used(plan.kernels_choice, target, plan.cuda_graphs)
     draft_head = head.load_head(models.DEFAULT_HEAD, target) if "eagle" in plan.methods else None
     by_label, made_with = runners.benchmark_runners(plan, run.setups, target, tokenizer, draft_head)
     draft_vocab = head.resolve_draft_vocab(draft_head, plan.draft_vocab)

@@ -28,9 +28,10 @@ def make_runner(method: str, target, tokenizer, draft_head=None, topology=None, 
                           kernels_choice=kernels_choice, cuda_graphs=cuda_graphs)
 
 
-def kernels_used(choice: str, target) -> str:
+def kernels_used(choice: str, target, cuda_graphs: str = "auto") -> str:
     """'packed' or 'stock': what our decoders' linear layers run on for --kernels `choice`."""
-    return "packed" if kernels.resolve(choice, target.get_output_embeddings().weight) else "stock"
+    weight = target.get_output_embeddings().weight
+    return "packed" if kernels.resolve(choice, weight, cuda_graphs == "compile") else "stock"
 
 
 def benchmark_runners(plan, setups: list[dict], target, tokenizer, draft_head) -> tuple[dict, dict]:

@@ -41,7 +41,7 @@ def sweep(out: Path, answers: Path, plan: SweepPlan = SweepPlan(), command: str 
                           f"{len(cells) - len(rows)} are not (an answer under way is dropped whole) and the page is "
                           f"not written; continue with `{records.resume_command(command, name, 'sweep')}`") from None
     result = {"machine": timed_on, "dtype": plan.dtype, "bench": plan.bench_name, "draft_vocab": draft_vocab,
-              "kernels": runners.kernels_used(plan.kernels_choice, target),
+              "kernels": runners.kernels_used(plan.kernels_choice, target, plan.cuda_graphs),
               "questions": records.held_questions(files.values()), "turns": plan.turns,
               "max_new_tokens": plan.max_new_tokens, "rows": rows}
     return pages.write_sweep(out, name, result)
