@@ -85,6 +85,12 @@ def test_check_greedy_runs_on_a_target_of_another_family(tmp_path, capsys, monke
     text = page.read_text()
     assert "Target tiny-qwen2," in text
     assert "| float32 | chain4 | 1 | 1 | - |" in text and "| float32 | eagle_default | 1 | 1 | - |" in text
+    # --cuda-graphs compile: rows of their own (torch.compile the identity here; test_device_cycle.py traces it)
+    monkeypatch.setattr(torch, "compile", lambda module, **options: module)
+    assert cli.main([*argv[:-6], "chain4", "--dtypes", "float32", "--cuda-graphs", "compile",
+                     "--out", str(tmp_path / "out")]) == 0
+    compiled = page.with_name(page.stem + "_compiled.md").read_text()
+    assert "| float32 | chain4 | 1 | 1 | - |" in compiled and "eagle_default" not in compiled
     missing = ["check-greedy", "--base-model", str(tmp_path / "absent.gguf"), "--out", str(tmp_path / "out")]
     assert cli.main(missing) == 2
     assert "absent.gguf does not exist" in capsys.readouterr().err

@@ -39,6 +39,8 @@ def run(args) -> None:
     where = "" if args.device == "cpu" else "_" + args.device.replace(":", "")  # rows of one device a file
     if graphs.resolve(args.cuda_graphs, args.device) != graphs.resolve("auto", args.device):
         where += "_graphs-off"
+    if args.cuda_graphs == "compile":  # compiled forwards round otherwise: rows of their own
+        where += "_compiled"
     rows_file = out / f"greedy_check_{datetime.date.today().isoformat()}{model}{where}.jsonl"
     rows = checks.greedy_equivalence(rows_file, args.questions, args.max_new_tokens, args.trees,
                                      args.dtypes.split(","), args.ea_model, args.base_model, args.device,
