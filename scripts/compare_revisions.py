@@ -116,8 +116,9 @@ def paired_ratio(new: list[float], old: list[float]) -> tuple[float, float, floa
 
 
 def timed_rows(decoders: dict, prompts: list, label: str, temperature: float, args) -> list[str]:
-    """Both engines on every prompt in turn (alternating which goes first), after one warm-up call each."""
-    totals = {name: [0, 0.0, 0] for name in decoders}  # new tokens, seconds, cycles
+    """Both engines on every prompt in turn (alternating which goes first), after one warm-up call each.  A row's
+    tokens/s is tau over its ms a cycle (the prefill apart), so a ratio says whether the cycle or tau moved."""
+    totals = {name: [0, 0.0, 0, 0.0] for name in decoders}  # new tokens, seconds, cycles, prefill seconds
     speeds = {name: [] for name in decoders}  # each question's tokens/s
     for decoder in decoders.values():
         decoder.generate(prompts[0], 16, temperature, method=args.method)
@@ -127,13 +128,15 @@ def timed_rows(decoders: dict, prompts: list, label: str, temperature: float, ar
             totals[name][0] += result.new_tokens
             totals[name][1] += result.wall_time_s
             totals[name][2] += result.cycles
+            totals[name][3] += result.prefill_time_s
             speeds[name].append(result.new_tokens / result.wall_time_s)
-    speed = {name: tokens / seconds for name, (tokens, seconds, _) in totals.items()}
+    speed = {name: tokens / seconds for name, (tokens, seconds, _, _) in totals.items()}
     rows = []
-    for name, (tokens, _, cycles) in totals.items():
+    for name, (tokens, seconds, cycles, prefill) in totals.items():
         ratio, low, high = paired_ratio(speeds[name], speeds["revision"])
         per_question = "-" if name == "revision" else f"{ratio:.2f}x ({low:.2f}-{high:.2f})"
-        rows.append(f"| {label} | {temperature:g} | {name} | {tokens} | {tokens / cycles:.2f} | {speed[name]:.1f} | "
+        rows.append(f"| {label} | {temperature:g} | {name} | {tokens} | {tokens / cycles:.2f} | "
+                    f"{1000 * (seconds - prefill) / cycles:.1f} | {speed[name]:.1f} | "
                     f"{speed[name] / speed['revision']:.2f}x | {per_question} |")
     print(*rows, sep="\n", flush=True)
     return rows
@@ -214,10 +217,11 @@ def main() -> None:
         + (f" --max-new-tokens {args.max_new_tokens}" if args.max_new_tokens != 128 else "")
         + (f" --first-cycles {args.first_cycles}" if args.first_cycles else "")
         + (f" --name {args.name}" if args.name else "") + "`", "",
-        "| tree, pair | T | engine | new tokens | tau | tokens/s | against the revision | per question: geometric "
-        "mean (95% interval) |",
-        "|---|---|---|---|---|---|---|---|", *rows, "",
-        "Against the revision: total tokens over total time, each engine's.  Per question: the geometric mean of "
+        "| tree, pair | T | engine | new tokens | tau | ms a cycle | tokens/s | against the revision | per question: "
+        "geometric mean (95% interval) |",
+        "|---|---|---|---|---|---|---|---|---|", *rows, "",
+        "ms a cycle: the answers' time with their prefills taken out, over their cycles (tokens/s is about tau over "
+        "it).  Against the revision: total tokens over total time, each engine's.  Per question: the geometric mean of "
         "the questions' tokens/s ratios, with the 95% interval of Student's t over their logarithms (the questions "
         "as samples; at T > 0 the engines' sampled answers differ, so their lengths and tau add to the spread).", "",
         *([f"First cycles: each question's first cycle, {args.first_cycles} seeds a question (1000 on), both engines "

@@ -1,4 +1,4 @@
-"""scripts/compare_revisions.py: the per-question ratio and its interval."""
+"""scripts/compare_revisions.py: the per-question ratio and its interval, and a cell's rows."""
 
 import math
 
@@ -19,3 +19,24 @@ def test_the_per_question_ratio_is_a_geometric_mean_with_a_t_interval(script):
     half = 12.7062047 * math.sqrt(2) * math.log(2) / math.sqrt(2)
     assert (ratio, low, high) == pytest.approx((1.0, math.exp(-half), math.exp(half)))
     assert script.paired_ratio([3.0], [2.0]) == pytest.approx((1.5, 1.5, 1.5))  # one question: no interval
+
+
+def test_a_cells_rows_split_tokens_per_second_into_tau_and_ms_a_cycle(script):
+    """Two fake engines: the working tree's cycles cost 10% less and accept as much; its row says both."""
+    from types import SimpleNamespace
+
+    class Engine:
+        def __init__(self, cycle_s):
+            self.cycle_s = cycle_s
+
+        def generate(self, prompt, tokens, temperature, seed=0, method="eagle"):
+            cycles = tokens // 2
+            return SimpleNamespace(new_tokens=tokens, cycles=cycles, prefill_time_s=0.5,
+                                   wall_time_s=0.5 + cycles * self.cycle_s)
+
+    args = SimpleNamespace(method="eagle", max_new_tokens=64)
+    rows = script.timed_rows({"revision": Engine(0.05), "working tree": Engine(0.045)}, [[1], [2]], "chain2", 0.0,
+                             args)
+    old, new = ([cell.strip() for cell in row.strip("|").split("|")] for row in rows)
+    assert old[4:6] == new[4:5] + ["50.0"] and new[5] == "45.0"  # tau 2.00 in both; ms a cycle
+    assert float(new[7].removesuffix("x")) == pytest.approx((0.5 + 1.6) / (0.5 + 1.44), abs=0.01)  # with prefills
