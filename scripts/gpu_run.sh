@@ -13,7 +13,8 @@
 #   "smollm2 vicuna7b").
 # Call B (it carries the last part, so the model is whole): `eagle-mdsd benchmark`, 8 questions, T = 0 and 1, every
 #   method, EAGLE on eagle_default, chain2 and eagle2 (each tree at both temperatures), then `check-greedy` in
-#   float32 with the shipped head; a benchmark that fails (a crash, not the deadline) is resumed once by a fresh
+#   float32 with the shipped head (and, in the time left, with --cuda-graphs compile: COMPILED_GREEDY, default on
+#   CUDA "baseline eagle_default"); a benchmark that fails (a crash, not the deadline) is resumed once by a fresh
 #   process from the answers it wrote; one cut at the deadline is reported from the answers it finished.
 #
 #     bash scripts/gpu_run.sh bundle    # here
@@ -189,5 +190,15 @@ else
     --dtypes float32 --trees baseline eagle_default chain2 eagle2 hf_compiled \
     --ea-model eagle_mdsd/heads/smollm2-135m-instruct --out "$work/greedy" ${GREEDY_ARGS:-}
   pack greedy
+  # In the time left, the same check with --cuda-graphs compile (its rows file of its own; on CUDA by default:
+  # inductor costs a CPU minutes).
+  compiled_trees=${COMPILED_GREEDY-$([ "$device" = cuda ] && echo baseline eagle_default)}
+  if [ -n "$compiled_trees" ]; then
+    # shellcheck disable=SC2086  # the trees, split
+    stage greedy_compiled "$python" -m eagle_mdsd.cli check-greedy --device "$device" --questions 1 \
+      --max-new-tokens 64 --dtypes float32 --trees $compiled_trees --cuda-graphs compile \
+      --ea-model eagle_mdsd/heads/smollm2-135m-instruct --out "$work/greedy_compiled"
+    pack greedy_compiled
+  fi
 fi
 exit "$STATUS"

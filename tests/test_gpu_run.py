@@ -188,6 +188,8 @@ case "$*" in *"benchmark "*"--name bench"*) exit 134 ;; esac
     page = (out / "gpu_run_B.md").read_text()
     assert "| benchmark | failed (exit 134; logs/benchmark.log) |" in page and "| benchmark_resumed | done |" in page
     assert "| greedy | done |" in page
+    compiled = [line for line in (tmp_path / "calls").read_text().splitlines() if "--cuda-graphs compile" in line]
+    assert len(compiled) == 1 and "check-greedy" in compiled[0] and "| greedy_compiled | done |" in page  # on CUDA
 
 
 def test_the_site_joins_the_compressed_parts_with_pythons_lzma(tmp_path):
