@@ -22,6 +22,13 @@ class Interrupted(KeyboardInterrupt):
     what was not, and the exact command that continues the work.  Only whole records were written."""
 
 
+def compiler_failure(error: Exception) -> str:
+    """The first line (at most 200 characters) of what failed inside torch.compile: the compiler's own error where
+    dynamo wraps it (BackendCompilerFailed.inner_exception), for a one-line UsageError."""
+    cause = getattr(error, "inner_exception", None) or error
+    return (str(cause).strip().splitlines() or [type(cause).__name__])[0][:200]
+
+
 def check_temperature(temperature: float, name: str = "temperature") -> None:
     """One-line error unless `temperature` is a finite number >= 0 (NaN would otherwise sample garbage)."""
     if not math.isfinite(temperature) or temperature < 0:

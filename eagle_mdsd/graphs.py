@@ -23,7 +23,7 @@ import warnings
 
 import torch
 
-from .errors import UsageError
+from .errors import UsageError, compiler_failure
 
 CHOICES = ("auto", "off", "compile")
 # What a replay is labelled in the profiler: hostsync.top_level_ops counts replays, not the ops inside them.
@@ -52,10 +52,8 @@ def compiled(module):
         try:
             return compiled_module(*args, **kwargs)
         except torch._dynamo.exc.BackendCompilerFailed as error:
-            cause = getattr(error, "inner_exception", None) or error  # (the compiler's own error)
-            first = (str(cause).strip().splitlines() or [type(cause).__name__])[0][:200]
-            raise UsageError(f"--cuda-graphs compile: torch.compile failed ({first}): use --cuda-graphs auto") \
-                from error
+            raise UsageError(f"--cuda-graphs compile: torch.compile failed ({compiler_failure(error)}): use "
+                             f"--cuda-graphs auto") from error
 
     return forward
 

@@ -21,7 +21,7 @@ import transformers
 from transformers import CompileConfig, GenerationConfig, StoppingCriteria
 
 from .engine import GenerationResult
-from .errors import UsageError, check_temperature
+from .errors import UsageError, check_temperature, compiler_failure
 
 COMPILED = "hf_compiled"
 METHODS = ("hf_generate", COMPILED, "prompt_lookup")
@@ -168,10 +168,9 @@ class CompiledPeer(TransformersPeer):
                 self.target.generate(prompt, attention_mask=torch.ones_like(prompt), generation_config=config,
                                      stopping_criteria=[_StopAfter(prompt.shape[1], 4)])
         except torch._dynamo.exc.BackendCompilerFailed as error:  # the machine's compiler (inductor wraps its own)
-            first = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
-            raise UsageError(f"{COMPILED}: torch.compile failed on {prompt.device.type} ({first}): drop "
-                             f"{COMPILED} from the methods, or run where inductor compiles (a C++ compiler on a CPU)"
-                             ) from error
+            raise UsageError(f"{COMPILED}: torch.compile failed on {prompt.device.type} ({compiler_failure(error)}): "
+                             f"drop {COMPILED} from the methods, or run where inductor compiles (a C++ compiler on a "
+                             f"CPU)") from error
         if getattr(self.target, "_compiled_call", None) is None:
             raise UsageError(f"{COMPILED}: transformers {transformers.__version__} did not compile "
                              f"generate's forward on {prompt.device.type}: drop {COMPILED} from the methods")

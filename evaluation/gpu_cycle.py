@@ -320,23 +320,25 @@ def main(argv=None) -> None:
     timed("transformers `generate` (eager), step", eager_call)
     sampled = tuple(plans.SAMPLING_PAIR.split("/"))
     setups = plans.benchmark_setups(args.trees, "topk", "topk", sampled, device=args.device)
+
+    def eagle_row(setup, t: float, cuda_graphs: str = "auto") -> None:
+        """The row of one benchmark setup (the tree and pair of each temperature) at T = t."""
+        tree_name, topology, drafter, verifier = setup[t > 0]
+        decoder = engine.Decoder(target, draft_head, topology, drafter, verifier, draft_vocab="auto",
+                                 cuda_graphs=cuda_graphs)
+        name = f"ours, {'compiled ' if cuda_graphs == 'compile' else ''}{tree_name.split(':')[0]} cycle"
+        timed(name, lambda n: decoder.generate(prompt, n, t, method="eagle").cycles, t, decoder=decoder)
+
     for t in temperatures:
         for setup in setups:
-            tree_name, topology, drafter, verifier = setup[t > 0]
-            decoder = engine.Decoder(target, draft_head, topology, drafter, verifier, draft_vocab="auto")
-            name = f"ours, {tree_name.split(':')[0]} cycle"
-            timed(name, lambda n, d=decoder, t=t: d.generate(prompt, n, t, method="eagle").cycles, t, decoder=decoder)
+            eagle_row(setup, t)
     if args.compile_ours:
         fused = engine.Decoder(target, cuda_graphs="compile")
         timed("ours, compiled plain step", lambda n: fused.generate(prompt, n, 0.0, method="baseline").cycles,
               decoder=fused)
-        default = plans.benchmark_setups(["eagle_default"], "topk", "topk", sampled, device=args.device)[0]
         for t in temperatures:
-            _, topology, drafter, verifier = default[t > 0]
-            decoder = engine.Decoder(target, draft_head, topology, drafter, verifier, draft_vocab="auto",
-                                     cuda_graphs="compile")
-            timed("ours, compiled eagle_default cycle",
-                  lambda n, d=decoder, t=t: d.generate(prompt, n, t, method="eagle").cycles, t, decoder=decoder)
+            eagle_row(plans.benchmark_setups(["eagle_default"], "topk", "topk", sampled, device=args.device)[0], t,
+                      "compile")
     if not args.no_compiled:
         compiled = peers.CompiledPeer(target, [], cache_tokens=args.prompt + args.tokens)
         warm_s = compiled.prepare()

@@ -19,7 +19,7 @@ from scipy import stats
 
 from eagle_mdsd import engine, graphs, head, hostsync, tree, tree_specs, verification
 
-from tiny import tiny_family, tiny_target
+from tiny import greedy_tokens, tiny_family, tiny_target
 
 PROMPT = [1, 2, 3, 0]
 TOKENS = 40
@@ -191,14 +191,6 @@ def test_every_pair_decodes_seed_for_seed_with_graphs_emulated(pair):
     assert {key[0] for key in device.graphs.entries} == {"draft", "verify"}
 
 
-def _greedy(target, tokens: int) -> list[int]:
-    sequence = list(PROMPT)
-    with torch.no_grad():
-        for _ in range(tokens):
-            sequence.append(int(target(torch.tensor([sequence])).logits[0, -1].argmax()))
-    return sequence[len(PROMPT):]
-
-
 def test_compiled_forwards_trace_whole_serve_every_span_and_stay_greedy(target_and_head, monkeypatch):
     """--cuda-graphs compile: the target's and the head's forwards go through torch.compile whole (no graph break
     in our cache, masks or slots), and once two prompt lengths have been seen, longer prompts, other spans, T = 1
@@ -215,12 +207,12 @@ def test_compiled_forwards_trace_whole_serve_every_span_and_stay_greedy(target_a
     torch._dynamo.reset()
     counters.clear()
     decoder = engine.Decoder(target, draft_head, tree_specs.load("eagle_default"), cuda_graphs="compile")
-    assert decoder.generate(PROMPT, 16, 0.0).token_ids == _greedy(target, 16)
+    assert decoder.generate(PROMPT, 16, 0.0).token_ids == greedy_tokens(target, PROMPT, 16)
     decoder.generate(PROMPT + [5, 6], 16, 0.0)
     seen = counters["stats"]["unique_graphs"]
     decoder.generate(PROMPT + [5, 6, 7, 8, 9, 10], 24, 1.0, seed=2)
     lookup = engine.Decoder(target, draft_head, tree_specs.load("chain2+lookup"), cuda_graphs="compile")
-    assert lookup.generate(PROMPT, 16, 0.0).token_ids == _greedy(target, 16)
+    assert lookup.generate(PROMPT, 16, 0.0).token_ids == greedy_tokens(target, PROMPT, 16)
     assert counters["stats"]["unique_graphs"] == seen and not counters["graph_break"]
     torch._dynamo.reset()
 
@@ -233,7 +225,7 @@ def test_inductor_compiled_forwards_stay_greedy(target_and_head):
         decoder = engine.Decoder(target, draft_head, tree_specs.load("eagle_default"), cuda_graphs="compile")
         if mode == "emulate":
             decoder.graphs = graphs.Emulated()
-        assert decoder.generate(PROMPT, 16, 0.0).token_ids == _greedy(target, 16)
+        assert decoder.generate(PROMPT, 16, 0.0).token_ids == greedy_tokens(target, PROMPT, 16)
 
 
 def test_a_forward_inductor_cannot_compile_is_a_one_line_error(target_and_head, monkeypatch):

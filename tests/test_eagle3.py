@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from eagle_mdsd import eagle3, engine, head, tree, tree_specs, verification
 
 from test_engine import PROMPT, P_VALUE, TREES, chi_square_p_value, empirical_first_three, exact_first_three
-from tiny import tiny_target
+from tiny import greedy_tokens, tiny_target
 
 
 @pytest.fixture(scope="module")
@@ -111,18 +111,10 @@ def test_the_forward_is_the_published_architecture(tiny3):
     assert not torch.allclose(again, mine)
 
 
-def _greedy(target, steps=12):
-    sequence = list(PROMPT)
-    with torch.no_grad():
-        for _ in range(steps):
-            sequence.append(int(target(torch.tensor([sequence])).logits[0, -1].argmax()))
-    return sequence[len(PROMPT):]
-
-
 @pytest.mark.parametrize("spec", ["wide", "eagle2:total_tokens=6,depth=3,top_k=2", "wide+lookup"])
 def test_temperature_zero_is_greedy_with_an_eagle3_head_for_every_pair(tiny3, spec):
     target, draft_head = tiny3
-    reference = _greedy(target)
+    reference = greedy_tokens(target, PROMPT, 12)
     base, _, _ = spec.partition("+")
     pairs = verification.pairs() if base == "wide" else [("topk", "topk")]
     for scheme, verifier in pairs:

@@ -29,3 +29,12 @@ def tiny_family(family: str, vocab: int = 16, hidden: int = 32, seed: int = 0):
     else:
         model = LlamaForCausalLM(LlamaConfig(**common))
     return model.eval().double()
+
+
+def greedy_tokens(target, prompt: list[int], steps: int) -> list[int]:
+    """The target's greedy continuation by full forwards: no cache, no generation config."""
+    sequence = list(prompt)
+    with torch.no_grad():
+        for _ in range(steps):
+            sequence.append(int(target(torch.tensor([sequence])).logits[0, -1].argmax()))
+    return sequence[len(prompt):]
