@@ -18,10 +18,12 @@ Beside the graphs, what a cycle needs of the device to keep it busy: the generat
 
 from __future__ import annotations
 
+import contextlib
 import time
 import warnings
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from .errors import UsageError, compiler_failure
 
@@ -135,26 +137,106 @@ class Emulated(Graphs):
     own input buffers, writing its tensors into the outputs of the capture (as a CUDA graph writes into the same
     memory).  Captures and replays run inside a profiler range named REPLAY."""
 
+    checked = False
+
     @staticmethod
     def _warm_up(function, inputs):
         return [value.clone() for value in inputs]
 
     def _capture(self, function, buffers):
-        with torch.profiler.record_function(REPLAY):
+        tracing = ReplayTrace if self.checked else contextlib.nullcontext
+        with torch.profiler.record_function(REPLAY), tracing() as captured:
             outputs = function(*buffers)
 
         class Graph:
             @staticmethod
             def replay():
-                with torch.profiler.record_function(REPLAY):
+                with torch.profiler.record_function(REPLAY), tracing() as replayed:
                     fresh = function(*buffers)
-                for old, new in zip(_tensors(outputs), _tensors(fresh)):
+                if captured is not None:
+                    captured.check(replayed)
+                for old, new in zip(_flat_tensors(outputs), _flat_tensors(fresh)):
                     old.copy_(new)
 
         return buffers, Graph(), outputs
 
 
-def _tensors(outputs) -> list:
+class Checked(Emulated):
+    """Emulated graphs whose every replay is traced op by op and must match its capture (`ReplayTrace`).  A CUDA
+    graph replays the capture's kernels on the capture's memory with the capture's scalars, where an eager rerun
+    reads whatever the host holds now: a replay that differs (a length baked in as a Python number, a buffer
+    swapped for a new tensor) raises ReplayDiverged naming the op, since under CUDA graphs it would compute
+    something else than eager code.  Some 3x slower than Emulated: for tests."""
+
+    checked = True
+
+
+class ReplayDiverged(RuntimeError):
+    """An emulated replay did other work than its capture: under CUDA graphs it would not compute what eager
+    code does."""
+
+
+_TOLIST = torch.Tensor.tolist  # unwrapped: a host value read in a trace is no transfer hostsync.syncs counts
+_LIFT = torch.ops.aten.lift_fresh.default
+
+
+class ReplayTrace(TorchDispatchMode):
+    """Each aten op of a block, as a CUDA graph records it: the op, its scalars, and each tensor's memory - named
+    by the op of the block that made it, by its value for a tensor of host data, or, for a tensor from outside
+    the block (a buffer, a cache, a parameter), by its address, offset, shape and strides."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: list[tuple] = []
+        self.made: dict[int, tuple] = {}  # storage address -> how the trace names memory made in the block
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        index = len(self.ops)
+        if func is _LIFT:  # a tensor of host data (x[i] = 3, say): a graph keeps its value
+            made = ("host data", _TOLIST(args[0]))
+            self.ops.append((func, made))
+            self.made[args[0].untyped_storage().data_ptr()] = made
+            return func(*args, **kwargs)
+        read: list[int] = []
+        self.ops.append((func, self._described(args, read), self._described(kwargs, read) if kwargs else ()))
+        out = func(*args, **kwargs)
+        for tensor in (out,) if isinstance(out, torch.Tensor) else out if isinstance(out, (tuple, list)) else ():
+            if isinstance(tensor, torch.Tensor):  # new memory, not a view of or a write into an input
+                address = tensor.untyped_storage().data_ptr()
+                if address not in read:
+                    self.made[address] = ("made", index)
+        return out
+
+    def _described(self, value, read: list):
+        if isinstance(value, torch.Tensor):
+            address = value.untyped_storage().data_ptr()
+            read.append(address)
+            made = self.made.get(address)
+            if made is not None:
+                return made, value.storage_offset(), value.shape
+            return "outside", address, value.storage_offset(), value.shape, value.stride(), value.dtype
+        if isinstance(value, (list, tuple)):
+            return tuple(self._described(item, read) for item in value)
+        if isinstance(value, dict):
+            return tuple((key, self._described(item, read)) for key, item in value.items())
+        if isinstance(value, float) and value != value:
+            return "nan"
+        if isinstance(value, torch.Generator):  # a graph draws from its generator's state at replay
+            return "generator", value.device
+        return value
+
+    def check(self, replay: "ReplayTrace") -> None:
+        """Raise ReplayDiverged at the first op where `replay` differs from this capture."""
+        for index, (captured, replayed) in enumerate(zip(self.ops, replay.ops)):
+            if captured != replayed:
+                raise ReplayDiverged(f"an emulated graph replay differs from its capture at op {index}, "
+                                     f"{replayed[0]}: captured {captured[1:]!r}, replayed {replayed[1:]!r}")
+        if len(self.ops) != len(replay.ops):
+            raise ReplayDiverged(f"an emulated graph replay ran {len(replay.ops)} ops, its capture {len(self.ops)}")
+
+
+def _flat_tensors(outputs) -> list:
     """The tensors of a captured function's output: one tensor, a tuple of them, or None."""
     if outputs is None:
         return []

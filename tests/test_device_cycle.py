@@ -93,6 +93,57 @@ def test_a_token_budget_inside_a_path_cuts_the_device_cycle_there(target_and_hea
         assert device.generate(PROMPT, tokens, 0.0).token_ids == full[:tokens]
 
 
+# Every tree kind, at T = 0 and at T = 1 with a sampled pair: through graphs.Checked, whose replays must do what
+# their captures did (the ops, their scalars, the memory of every tensor from outside the phase), as a CUDA graph
+# replays its capture whatever the host holds now.
+CHECKED = [(None, 0.0, "topk", "topk"), (None, 1.0, "topk", "topk"),
+           ("eagle_default", 0.0, "topk", "topk"), ("eagle_default", 1.0, "without_replacement", "rrs_wo"),
+           ("eagle2", 0.0, "topk", "topk"), ("eagle2", 1.0, "with_replacement", "kseq"),
+           (OPT_TREE, 1.0, "topk", "topk"), ("eagle_default+lookup", 1.0, "greedy", "greedy"),
+           ("eagle2:total_tokens=16,depth=5,top_k=4+lookup4", 0.0, "topk", "topk")]
+
+
+@pytest.mark.parametrize("spec, temperature, drafter, verifier", CHECKED, ids=[f"{c[0]}-T{c[1]:g}" for c in CHECKED])
+def test_every_replay_does_what_its_capture_did(target_and_head, spec, temperature, drafter, verifier):
+    # Two calls of other prompts, lengths and seeds replay the first call's graphs; the tokens stay the eager
+    # cycle's, seed for seed.
+    target, draft_head = target_and_head
+    method = "baseline" if spec is None else "eagle"
+
+    def decoder(**options):
+        return engine.Decoder(target, draft_head if spec else None, tree_specs.load(spec, "cuda") if spec else None,
+                              drafter, verifier, **options)
+
+    eager, device = decoder(), decoder(cuda_graphs="emulate")
+    device.graphs = graphs.Checked()
+    for prompt, tokens, seed in ((PROMPT, 20, 0), ([3, 1, 2, 0, 1, 3, 2], 14, 1), (PROMPT[:2], 20, 2)):
+        expected = eager.generate(prompt, tokens, temperature, seed=seed, method=method).token_ids
+        assert device.generate(prompt, tokens, temperature, seed=seed, method=method).token_ids == expected
+    assert device.graphs.entries and device.graphs.refused is None
+
+
+def test_a_replay_that_differs_from_its_capture_is_caught():
+    # What CUDA graphs would replay otherwise than eager code computes: a Python number baked into the capture,
+    # and a buffer the host swapped for a new tensor.  In-place updates of the same memory replay as captured.
+    checked, scale = graphs.Checked(), [2.0]
+    state = {"offset": torch.ones(3)}
+    total = torch.zeros(3)
+
+    def step(x):
+        total.add_(x)
+        return x * scale[0] + state["offset"]
+
+    for _ in range(3):
+        checked.run("step", step, torch.arange(3.0))
+    scale[0] = 3.0
+    with pytest.raises(graphs.ReplayDiverged, match="aten.mul.Tensor"):
+        checked.run("step", step, torch.arange(3.0))
+    scale[0], state["offset"] = 2.0, torch.ones(3)
+    with pytest.raises(graphs.ReplayDiverged, match="aten.add.Tensor"):
+        checked.run("step", step, torch.arange(3.0))
+    assert torch.equal(graphs.Emulated().run("step", step, torch.arange(3.0)), torch.tensor([1.0, 3.0, 5.0]))
+
+
 SAMPLED_TOKENS = 24  # about 10 cycles to average the counts over
 SAMPLED_KINDS = {  # kind -> its tree, and the tree for spechub (two children a node)
     "static": ("eagle_default", "binary_depth4"), "eagle2": ("eagle2", "eagle2:top_k=2"),
