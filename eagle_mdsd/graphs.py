@@ -133,15 +133,20 @@ def _restore(generator, state) -> None:
 
 class Emulated(Graphs):
     """Graphs emulated on any device, for counting what the host issues around them and for checking on a CPU
-    what CUDA graphs replay: 'capture' runs the function once, and every replay runs it again from the graph's
-    own input buffers, writing its tensors into the outputs of the capture (as a CUDA graph writes into the same
-    memory).  Captures and replays run inside a profiler range named REPLAY."""
+    what CUDA graphs replay: the warm-up runs the function twice as on CUDA (so a phase that a rerun changes shows
+    up here too), 'capture' runs it once more, and every replay runs it again from the graph's own input buffers,
+    writing its tensors into the outputs of the capture (as a CUDA graph writes into the same memory).  Captures
+    and replays run inside a profiler range named REPLAY."""
 
     checked = False
 
     @staticmethod
     def _warm_up(function, inputs):
-        return [value.clone() for value in inputs]
+        """Two eager calls before the capture, as on CUDA: a phase must leave what a rerun leaves."""
+        buffers = [value.clone() for value in inputs]
+        for _ in range(2):
+            function(*buffers)
+        return buffers
 
     def _capture(self, function, buffers):
         tracing = ReplayTrace if self.checked else contextlib.nullcontext
