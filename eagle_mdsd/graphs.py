@@ -171,12 +171,14 @@ class Checked(Emulated):
     graph replays the capture's kernels on the capture's memory with the capture's scalars, where an eager rerun
     reads whatever the host holds now: a replay that differs (a length baked in as a Python number, a buffer
     swapped for a new tensor) raises ReplayDiverged naming the op, since under CUDA graphs it would compute
-    something else than eager code.  Some 3x slower than Emulated: for tests."""
+    something else than eager code.  So does an index write (index_copy, scatter, x[index] = values) that
+    writes two different values to one index, which CUDA resolves in no fixed order.  Some 2-3x slower than
+    Emulated: for tests."""
 
     checked = True
 
 
-class ReplayDiverged(RuntimeError):
+class ReplayDiverged(AssertionError):
     """An emulated replay did other work than its capture: under CUDA graphs it would not compute what eager
     code does."""
 
@@ -205,6 +207,8 @@ class ReplayTrace(TorchDispatchMode):
             return func(*args, **kwargs)
         read: list[int] = []
         self.ops.append((func, self._described(args, read), self._described(kwargs, read) if kwargs else ()))
+        if func in _INDEX_WRITES:
+            _check_one_writer(func, args)
         out = func(*args, **kwargs)
         for tensor in (out,) if isinstance(out, torch.Tensor) else out if isinstance(out, (tuple, list)) else ():
             if isinstance(tensor, torch.Tensor):  # new memory, not a view of or a write into an input
@@ -239,6 +243,39 @@ class ReplayTrace(TorchDispatchMode):
                                      f"{replayed[0]}: captured {captured[1:]!r}, replayed {replayed[1:]!r}")
         if len(self.ops) != len(replay.ops):
             raise ReplayDiverged(f"an emulated graph replay ran {len(replay.ops)} ops, its capture {len(self.ops)}")
+
+
+_INDEX_WRITES = {torch.ops.aten.index_copy_.default, torch.ops.aten.index_copy.default,
+                 torch.ops.aten.scatter_.src, torch.ops.aten.scatter.src,
+                 torch.ops.aten.index_put_.default, torch.ops.aten.index_put.default}
+
+
+def _check_one_writer(func, args) -> None:
+    """An index write whose repeated indices carry different values: CUDA keeps whichever write lands last, in no
+    fixed order, where a CPU keeps the last in index order.  Written in index order and in reverse, the two results
+    agree exactly when no such pair exists."""
+    name = func
+    if func in (torch.ops.aten.index_put_.default, torch.ops.aten.index_put.default):  # x[index] = values
+        target, indices, values = args[:3]
+        accumulate = len(args) > 3 and args[3]
+        if accumulate or len(indices) != 1 or indices[0] is None or indices[0].dtype == torch.bool:
+            return  # a sum, or a mask (no index twice)
+        target, dim, index, source = target, 0, indices[0].reshape(-1), values.expand(*indices[0].shape,
+                                                                                         *target.shape[1:])
+        source = source.reshape(len(index), *target.shape[1:])
+        args = (target, dim, index, source)
+        func = torch.ops.aten.index_copy.default
+    target, dim, index, source = args[:4]
+    if index.numel() < 2:
+        return
+    base = torch.zeros_like(target)
+    if func in (torch.ops.aten.index_copy_.default, torch.ops.aten.index_copy.default):
+        forward, backward = base.index_copy(dim, index, source), base.index_copy(dim, index.flip(0), source.flip(dim))
+    else:
+        forward = base.scatter(dim, index, source.narrow(dim, 0, index.shape[dim]))
+        backward = base.scatter(dim, index.flip(dim), source.narrow(dim, 0, index.shape[dim]).flip(dim))
+    if not torch.equal(forward, backward):
+        raise ReplayDiverged(f"{name} writes different values to one index: on CUDA which one stays is not fixed")
 
 
 def _flat_tensors(outputs) -> list:

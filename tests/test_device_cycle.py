@@ -144,6 +144,25 @@ def test_a_replay_that_differs_from_its_capture_is_caught():
     assert torch.equal(graphs.Emulated().run("step", step, torch.arange(3.0)), torch.tensor([1.0, 3.0, 5.0]))
 
 
+@pytest.mark.parametrize("write", ["index_copy", "scatter", "index_put"])
+def test_two_writes_of_different_values_to_one_index_are_caught(write):
+    # CUDA keeps either write, in no fixed order; writes of equal values are safe.
+    def step(x, values):
+        index = torch.tensor([1, 1, 0])
+        if write == "index_copy":
+            return torch.zeros(3).index_copy_(0, index, values + x)
+        if write == "scatter":
+            return torch.zeros(1, 3).scatter_(1, index[None], (values + x)[None])
+        out = torch.zeros(3)
+        out[index] = values + x
+        return out
+
+    checked = graphs.Checked()
+    checked.run("equal", step, torch.zeros(1), torch.tensor([2.0, 2.0, 5.0]))
+    with pytest.raises(graphs.ReplayDiverged, match="writes different values to one index"):
+        checked.run("different", step, torch.zeros(1), torch.tensor([2.0, 3.0, 5.0]))
+
+
 SAMPLED_TOKENS = 24  # about 10 cycles to average the counts over
 SAMPLED_KINDS = {  # kind -> its tree, and the tree for spechub (two children a node)
     "static": ("eagle_default", "binary_depth4"), "eagle2": ("eagle2", "eagle2:top_k=2"),
