@@ -124,18 +124,8 @@ def make_data(out_dir: Path, prompt_paths, recipe: DataRecipe = DataRecipe(), ba
     budget = Budget(max_minutes)
     prompts = load_prompts(prompt_paths)  # bad prompt files fail before the run folder is made
     data_dir = Path(out_dir) / "data"
-    data_dir.mkdir(parents=True, exist_ok=True)
-    record = data_dir / "prompts.json"
-    if record.exists():
-        check_data_record(data_dir, json.loads(record.read_text()), recipe)
-    random.Random(recipe.seed).shuffle(prompts)
-    prompts = prompts[:recipe.max_prompts] if recipe.max_prompts else prompts
-    record.write_text(json.dumps({"count": len(prompts), "seed": recipe.seed, "shard_size": recipe.shard_size,
-                                  "sources": [str(p) for p in prompt_paths], "temperature": recipe.temperature,
-                                  "sort_by_length": recipe.sort_by_length, "features": recipe.features,
-                                  "dtype": dtype}))
+    prompts = _recorded_prompts(data_dir, prompts, prompt_paths, recipe, dtype)
     target, tokenizer = models.load_target(base_model, models.parse_dtype(dtype), device)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     shards = []
     started, answers, answer_tokens = time.monotonic(), 0, 0
     for start in tqdm(range(0, len(prompts), recipe.shard_size), desc="data shards"):
@@ -146,28 +136,9 @@ def make_data(out_dir: Path, prompt_paths, recipe: DataRecipe = DataRecipe(), ba
         if not budget.allows_step():
             print(f"time budget reached: {len(list(data_dir.glob('shard_*.pt')))} shards done; rerun to continue")
             break
-        samples = []
-        for batch_start, encoded in _shard_batches(prompts[start : start + recipe.shard_size], tokenizer, recipe):
-            prompt_ids, batch = [ids for ids, _ in encoded], [item for _, item in encoded]
-            with torch.inference_mode():
-                responses = _generate(target, prompt_ids, recipe.max_new_tokens, pad_id, recipe.temperature,
-                                      seed=recipe.seed * 1_000_003 + start + batch_start)  # a rerun repeats it
-                sequences = [p + r for p, r in zip(prompt_ids, responses)]
-                starts = [len(p) for p in prompt_ids]
-                if recipe.mix_reference:
-                    for p, item in zip(prompt_ids, batch):
-                        if item["reference"]:
-                            ref = tokenizer(item["reference"], add_special_tokens=False)["input_ids"]
-                            sequences.append(p + ref[: 2 * recipe.max_new_tokens])
-                            starts.append(len(p))
-                answers, answer_tokens = answers + len(responses), answer_tokens + sum(map(len, responses))
-                if not recipe.features:
-                    samples += [{"ids": torch.tensor(s, dtype=torch.int32), "start": st}
-                                for s, st in zip(sequences, starts)]
-                    continue
-                features = _features(target, sequences, pad_id)
-            samples += [{"ids": torch.tensor(s, dtype=torch.int32), "start": st, "features": f}
-                        for s, st, f in zip(sequences, starts, features)]
+        samples, responses = _shard_samples(target, tokenizer, prompts[start : start + recipe.shard_size], recipe,
+                                            seed=recipe.seed * 1_000_003 + start)
+        answers, answer_tokens = answers + len(responses), answer_tokens + sum(map(len, responses))
         staging = shard.with_suffix(".tmp")
         torch.save(samples, staging)
         os.replace(staging, shard)  # atomic: an interrupt never leaves half a shard
@@ -178,6 +149,47 @@ def make_data(out_dir: Path, prompt_paths, recipe: DataRecipe = DataRecipe(), ba
               f"{answers / seconds:.1f} answers/s, {answer_tokens / seconds:.0f} answer tokens/s at batch size "
               f"{recipe.batch_size} on {device}")
     return [s for s in shards if s.exists()]
+
+
+def _recorded_prompts(data_dir: Path, prompts: list[dict], prompt_paths, recipe: DataRecipe, dtype: str) -> list:
+    """The run's prompts in the order it answers them (shuffled by the recipe's seed, cut to its max_prompts), after
+    checking a rerun's record against the recipe and writing the record."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    record = data_dir / "prompts.json"
+    if record.exists():
+        check_data_record(data_dir, json.loads(record.read_text()), recipe)
+    random.Random(recipe.seed).shuffle(prompts)
+    prompts = prompts[:recipe.max_prompts] if recipe.max_prompts else prompts
+    record.write_text(json.dumps({"count": len(prompts), "seed": recipe.seed, "shard_size": recipe.shard_size,
+                                  "sources": [str(p) for p in prompt_paths], "temperature": recipe.temperature,
+                                  "sort_by_length": recipe.sort_by_length, "features": recipe.features,
+                                  "dtype": dtype}))
+    return prompts
+
+
+def _shard_samples(target, tokenizer, chunk: list[dict], recipe: DataRecipe, seed: int) -> tuple[list, list]:
+    """One shard's samples (token ids, where the answer starts, and the features unless the recipe says not) and
+    the target's answers; a batch's seed is `seed` plus its first index, so a rerun repeats it."""
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    samples, answers = [], []
+    for batch_start, encoded in _shard_batches(chunk, tokenizer, recipe):
+        prompt_ids, batch = [ids for ids, _ in encoded], [item for _, item in encoded]
+        with torch.inference_mode():
+            responses = _generate(target, prompt_ids, recipe.max_new_tokens, pad_id, recipe.temperature,
+                                  seed=seed + batch_start)
+            sequences = [p + r for p, r in zip(prompt_ids, responses)]
+            starts = [len(p) for p in prompt_ids]
+            if recipe.mix_reference:
+                for p, item in zip(prompt_ids, batch):
+                    if item["reference"]:
+                        ref = tokenizer(item["reference"], add_special_tokens=False)["input_ids"]
+                        sequences.append(p + ref[: 2 * recipe.max_new_tokens])
+                        starts.append(len(p))
+            answers += responses
+            features = _features(target, sequences, pad_id) if recipe.features else [None] * len(sequences)
+        samples += [{"ids": torch.tensor(s, dtype=torch.int32), "start": st} | ({} if f is None else {"features": f})
+                    for s, st, f in zip(sequences, starts, features)]
+    return samples, answers
 
 
 def _shard_batches(chunk: list[dict], tokenizer, recipe: DataRecipe):

@@ -188,7 +188,6 @@ def self_prompts(out_dir: Path, count: int, base_model=None, dtype: str = "bfloa
     target, tokenizer = models.load_target(base_model, models.parse_dtype(dtype), device)
     header = user_turn_prefix(tokenizer)
     stop = set(models.eos_token_ids(target, tokenizer))
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     progress = tqdm(total=count, initial=written, desc="self-written prompts")
     barren = 0  # batches in a row that kept nothing
     started, tried = time.monotonic(), 0
@@ -200,14 +199,10 @@ def self_prompts(out_dir: Path, count: int, base_model=None, dtype: str = "bfloa
             print(f"time budget reached: {written} prompts written; rerun to continue")
             break
         opener = openers[batch % len(openers)] if openers else ""
-        prefix = torch.tensor([header + tokenizer(opener, add_special_tokens=False)["input_ids"]] * batch_size,
-                              device=target.device)
-        torch.manual_seed(seed * 1_000_003 + batch)
-        with torch.inference_mode():
-            out = target.generate(prefix, attention_mask=torch.ones_like(prefix), do_sample=True, temperature=1.0,
-                                  top_k=0, top_p=1.0, max_new_tokens=max_tokens, eos_token_id=sorted(stop),
-                                  pad_token_id=pad_id)
-        kept = _kept(out[:, prefix.shape[1]:].tolist(), tokenizer, stop, opener, seen, count - written)
+        opener_ids = tokenizer(opener, add_special_tokens=False)["input_ids"]
+        messages = _sampled_messages(target, tokenizer, header + opener_ids, batch_size, max_tokens, stop,
+                                     seed=seed * 1_000_003 + batch)
+        kept = _kept(messages, tokenizer, stop, opener, seen, count - written)
         jsonl.append(path, *({"prompt": text, "batch": batch} for text in kept))  # one write per batch
         budget.step_took()
         written += len(kept)
@@ -221,3 +216,17 @@ def self_prompts(out_dir: Path, count: int, base_model=None, dtype: str = "bfloa
         print(f"prompts stage: {written - len(records)} kept of {tried} messages in {seconds:.0f} s: "
               f"{tried / seconds:.1f} messages/s at batch size {batch_size} on {device}")
     return path
+
+
+def _sampled_messages(target, tokenizer, prefix_ids: list[int], batch_size: int, max_tokens: int, stop: set,
+                      seed: int) -> list[list[int]]:
+    """batch_size continuations of prefix_ids sampled at temperature 1 (torch's global seed set to `seed`): the
+    token ids after the prefix, up to an end token or max_tokens."""
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    prefix = torch.tensor([prefix_ids] * batch_size, device=target.device)
+    torch.manual_seed(seed)
+    with torch.inference_mode():
+        out = target.generate(prefix, attention_mask=torch.ones_like(prefix), do_sample=True, temperature=1.0,
+                              top_k=0, top_p=1.0, max_new_tokens=max_tokens, eos_token_id=sorted(stop),
+                              pad_token_id=pad_id)
+    return out[:, prefix.shape[1]:].tolist()
