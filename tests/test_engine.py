@@ -8,7 +8,7 @@ import pytest
 import torch
 from scipy import stats
 
-from eagle_mdsd import drafting, engine, head, tree, tree_specs, verification
+from eagle_mdsd import drafting, engine, graphs, head, tree, tree_specs, verification
 
 from instances import SkipsDuplicateUpdate
 from tiny import tiny_family, tiny_target
@@ -302,6 +302,7 @@ def test_graphs_emulated_decode_as_eager_calls(sharp_llama, spec):
     pair = ("topk", "topk") if spec.startswith("opt_tree") else ("without_replacement", "rrs_wo")
     eager = engine.Decoder(target, draft_head, tree_specs.load(spec), *pair)
     replayed = engine.Decoder(target, draft_head, tree_specs.load(spec), *pair, cuda_graphs="emulate")
+    replayed.graphs = graphs.Checked()  # and every replay does what its capture did
     for seed, temperature in ((0, 0.0), (1, 1.0), (2, 1.0)):
         expected = eager.generate(PROMPT, 20, temperature, seed=seed)
         result = replayed.generate(PROMPT, 20, temperature, seed=seed)

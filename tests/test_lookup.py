@@ -7,7 +7,7 @@ import itertools
 import pytest
 import torch
 
-from eagle_mdsd import drafting, engine, head, lookup, tree, tree_specs, verification
+from eagle_mdsd import drafting, engine, graphs, head, lookup, tree, tree_specs, verification
 from test_engine import P_VALUE, PROMPT, TREES, chi_square_p_value, empirical_first_three, exact_first_three
 from tiny import tiny_target
 
@@ -87,12 +87,12 @@ def test_eagerly_the_target_scores_no_unfilled_graft_slot(repeating):
     Under graphs every cycle scores all of them (one shape), and both decode alike."""
     target, draft_head = repeating
     rows, tokens = {}, {}
-    for graphs in ("off", "emulate"):
+    for mode in ("off", "emulate"):
         decoder = engine.Decoder(target, draft_head, lookup.LookupTree(tree.compile_tree(TREES["wide"]), 6),
-                                 cuda_graphs=graphs)
-        forward, rows[graphs] = decoder.target_forward, []
-        decoder.target_forward = lambda cache, ids, *args: rows[graphs].append(len(ids)) or forward(cache, ids, *args)
-        tokens[graphs] = decoder.generate(PROMPT, 40, 0.0).token_ids
+                                 cuda_graphs=mode)
+        forward, rows[mode] = decoder.target_forward, []
+        decoder.target_forward = lambda cache, ids, *args: rows[mode].append(len(ids)) or forward(cache, ids, *args)
+        tokens[mode] = decoder.generate(PROMPT, 40, 0.0).token_ids
     assert tokens["off"] == tokens["emulate"]
     full = 1 + 6 + 6  # the root, wide's six drafts, six graft slots
     assert set(rows["emulate"][1:]) == {full}  # (after the prefill)
@@ -135,6 +135,7 @@ def test_lookup_trees_decode_seed_for_seed_with_graphs_emulated(tiny, drafter, v
     eager = engine.Decoder(target, draft_head, lookup.LookupTree(base, 3), drafter, verifier)
     emulated = engine.Decoder(target, draft_head, lookup.LookupTree(base, 3), drafter, verifier,
                               cuda_graphs="emulate")
+    emulated.graphs = graphs.Checked()  # and every replay does what its capture did
     for seed in range(3):
         assert emulated.generate(PROMPT, 8, 1.0, seed=seed).token_ids == eager.generate(PROMPT, 8, 1.0,
                                                                                       seed=seed).token_ids
