@@ -15,7 +15,9 @@
 #   method, EAGLE on eagle_default, chain2 and eagle2 (each tree at both temperatures), then `check-greedy` in
 #   float32 with the shipped head (and, in the time left, with --cuda-graphs compile: COMPILED_GREEDY, default on
 #   CUDA "baseline eagle_default"); a benchmark that fails (a crash, not the deadline) is resumed once by a fresh
-#   process from the answers it wrote; one cut at the deadline is reported from the answers it finished.
+#   process from the answers it wrote, and after check-greedy the method suspected of the crash (CRASH_METHODS,
+#   default prompt_lookup) answers 3 questions alone with CUDA_LAUNCH_BLOCKING=1; one cut at the deadline is
+#   reported from the answers it finished.
 #
 #     bash scripts/gpu_run.sh bundle    # here
 #     CALL=A bash scripts/gpu_run.sh    # there, as `bundle` prints it
@@ -172,7 +174,8 @@ else
   bench=(-m eagle_mdsd.cli benchmark --device "$device" --out "$work/benchmark" --answers "$work/benchmark"
     ${BENCH_ARGS:---questions 8 --temperatures 0,1 --trees eagle_default chain2 eagle2 --sampling-tree same})
   stage benchmark "$python" "${bench[@]}" --name bench
-  if [[ $LAST == failed* ]]; then  # a crash (not the deadline): a fresh process goes on from the answers written
+  crashed=$([[ $LAST == failed* ]] && echo yes || true)
+  if [ -n "$crashed" ]; then  # a crash (not the deadline): a fresh process goes on from the answers written
     stage benchmark_resumed "$python" "${bench[@]}" --resume bench
     [ "$LAST" != done ] || STATUS=0  # (the page's rows still say the first process failed, and its log stays)
   fi
@@ -190,6 +193,15 @@ else
     --dtypes float32 --trees baseline eagle_default chain2 eagle2 hf_compiled \
     --ea-model eagle_mdsd/heads/smollm2-135m-instruct --out "$work/greedy" ${GREEDY_ARGS:-}
   pack greedy
+  # After a crash (on the H200 of 2026-11-28 inside transformers' prompt lookup, after 3 questions): does that
+  # method crash alone, in a fresh process without our graphs, with launches synchronous so that the error names
+  # the op that failed?  Its timings mean nothing; it runs before the compiled check.
+  if [ -n "$crashed" ]; then
+    CUDA_LAUNCH_BLOCKING=1 stage crash_alone "$python" -m eagle_mdsd.cli benchmark --device "$device" \
+      --methods "${CRASH_METHODS:-prompt_lookup}" --questions 3 --temperatures 0 --out "$work/crash_alone" \
+      --answers "$work/crash_alone" --name alone
+    pack crash_alone
+  fi
   # In the time left, the same check with --cuda-graphs compile (its rows file of its own; on CUDA by default:
   # inductor costs a CPU minutes).
   compiled_trees=${COMPILED_GREEDY-$([ "$device" = cuda ] && echo baseline eagle_default)}

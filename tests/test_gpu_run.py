@@ -175,21 +175,27 @@ def test_a_crashed_benchmark_is_resumed_once_by_a_fresh_process(tmp_path):
     (tmp_path / ".gpu" / "model.sha256").write_text(f"{hashlib.sha256(b'abc').hexdigest()}  m.gguf\n")
     (tmp_path / ".gpu" / "model.part00").write_bytes(b"abc")
     (tmp_path / "python").write_text(f"""#!/bin/bash
-echo "$*" >>{tmp_path}/calls
+echo "$* blocking=$CUDA_LAUNCH_BLOCKING" >>{tmp_path}/calls
 case "$*" in *"benchmark "*"--name bench"*) exit 134 ;; esac
 """)
     done = subprocess.run(["bash", "scripts/gpu_run.sh"], cwd=tmp_path, env={**env, "CALL": "B", "DEADLINE_S": "60"},
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    benchmarks = [line for line in (tmp_path / "calls").read_text().splitlines() if " benchmark " in line]
+    calls = [line.rsplit(" blocking=", 1) for line in (tmp_path / "calls").read_text().splitlines()]
+    benchmarks = [line for line, _ in calls if " benchmark " in line and "--name alone" not in line]
     assert len(benchmarks) == 2 and benchmarks[0].endswith(" --name bench")
     assert benchmarks[1].endswith(" --resume bench")
     assert benchmarks[0].removesuffix(" --name bench") == benchmarks[1].removesuffix(" --resume bench")
     page = (out / "gpu_run_B.md").read_text()
     assert "| benchmark | failed (exit 134; logs/benchmark.log) |" in page and "| benchmark_resumed | done |" in page
     assert "| greedy | done |" in page
-    compiled = [line for line in (tmp_path / "calls").read_text().splitlines() if "--cuda-graphs compile" in line]
+    compiled = [line for line, _ in calls if "--cuda-graphs compile" in line]
     assert len(compiled) == 1 and "check-greedy" in compiled[0] and "| greedy_compiled | done |" in page  # on CUDA
+    # then the method that crashed runs alone, launches synchronous, before the compiled check
+    alone = [(line, blocking) for line, blocking in calls if "--name alone" in line]
+    assert alone == [(alone[0][0], "1")] and "--methods prompt_lookup" in alone[0][0]
+    assert all(blocking == "" for line, blocking in calls if "--name alone" not in line)
+    assert page.index("| crash_alone | done |") < page.index("| greedy_compiled |")
 
 
 def test_the_site_joins_the_compressed_parts_with_pythons_lzma(tmp_path):
