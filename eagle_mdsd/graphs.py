@@ -63,6 +63,8 @@ def compiled(module):
 class Graphs:
     """One captured graph per key (the caller's: which function, its row count and its cache)."""
 
+    refusals: tuple = (RuntimeError,)  # what a capture raises when CUDA does not allow what the function does
+
     def __init__(self):
         self.entries: dict = {}
         self.seconds = 0.0  # spent warming up and capturing
@@ -81,7 +83,7 @@ class Graphs:
             buffers = self._warm_up(function, inputs)  # an error here is the call's own: it is raised
             try:
                 entry = self._capture(function, buffers)
-            except RuntimeError as error:  # the stock modules did something capture does not allow
+            except self.refusals as error:  # the stock modules did something capture does not allow
                 self.refused = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
                 warnings.warn(f"CUDA graph capture failed ({self.refused}); running eagerly: pass --cuda-graphs off "
                               f"to skip the attempt", stacklevel=2)
@@ -139,6 +141,7 @@ class Emulated(Graphs):
     and replays run inside a profiler range named REPLAY."""
 
     checked = False
+    refusals = ()  # an error in an emulated capture is the function's own
 
     @staticmethod
     def _warm_up(function, inputs):
@@ -172,8 +175,10 @@ class Checked(Emulated):
     reads whatever the host holds now: a replay that differs (a length baked in as a Python number, a buffer
     swapped for a new tensor) raises ReplayDiverged naming the op, since under CUDA graphs it would compute
     something else than eager code.  So does an index write (index_copy, scatter, x[index] = values) that
-    writes two different values to one index, which CUDA resolves in no fixed order.  Some 2-3x slower than
-    Emulated: for tests."""
+    writes two different values to one index, which CUDA resolves in no fixed order, and an op that reads the
+    device from the host (.item(), nonzero, ...), which CUDA refuses to capture.  Not seen on a CPU: a 0-dim CPU
+    tensor from outside the phase changed in place (on CUDA its value is fixed at capture).  Some 2-3x slower
+    than Emulated: for tests."""
 
     checked = True
 
@@ -200,21 +205,25 @@ class ReplayTrace(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         index = len(self.ops)
+        if func in _HOST_READS:
+            raise ReplayDiverged(f"{func} reads the device from the host inside a captured phase: CUDA refuses to "
+                                 f"capture it")
         if func is _LIFT:  # a tensor of host data (x[i] = 3, say): a graph keeps its value
-            made = ("host data", _TOLIST(args[0]))
+            made = ("host data", self._described(_TOLIST(args[0]), []))
             self.ops.append((func, made))
             self.made[args[0].untyped_storage().data_ptr()] = made
             return func(*args, **kwargs)
         read: list[int] = []
         self.ops.append((func, self._described(args, read), self._described(kwargs, read) if kwargs else ()))
-        if func in _INDEX_WRITES:
-            _check_one_writer(func, args)
         out = func(*args, **kwargs)
-        for tensor in (out,) if isinstance(out, torch.Tensor) else out if isinstance(out, (tuple, list)) else ():
+        if func in _INDEX_WRITES:
+            _check_one_writer(func, args, kwargs, out)
+        for position, tensor in enumerate((out,) if isinstance(out, torch.Tensor) else
+                                          out if isinstance(out, (tuple, list)) else ()):
             if isinstance(tensor, torch.Tensor):  # new memory, not a view of or a write into an input
                 address = tensor.untyped_storage().data_ptr()
                 if address not in read:
-                    self.made[address] = ("made", index)
+                    self.made[address] = ("made", index, position)
         return out
 
     def _described(self, value, read: list):
@@ -222,9 +231,9 @@ class ReplayTrace(TorchDispatchMode):
             address = value.untyped_storage().data_ptr()
             read.append(address)
             made = self.made.get(address)
-            if made is not None:
-                return made, value.storage_offset(), value.shape
-            return "outside", address, value.storage_offset(), value.shape, value.stride(), value.dtype
+            if made is None:
+                made = ("outside", address)
+            return made, value.storage_offset(), value.shape, value.stride(), value.dtype
         if isinstance(value, (list, tuple)):
             return tuple(self._described(item, read) for item in value)
         if isinstance(value, dict):
@@ -248,34 +257,32 @@ class ReplayTrace(TorchDispatchMode):
 _INDEX_WRITES = {torch.ops.aten.index_copy_.default, torch.ops.aten.index_copy.default,
                  torch.ops.aten.scatter_.src, torch.ops.aten.scatter.src,
                  torch.ops.aten.index_put_.default, torch.ops.aten.index_put.default}
+_HOST_READS = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.is_nonzero.default,
+               torch.ops.aten.nonzero.default, torch.ops.aten.masked_select.default, torch.ops.aten.equal.default,
+               torch.ops.aten._unique2.default, torch.ops.aten.unique_dim.default,
+               torch.ops.aten.unique_consecutive.default}
 
 
-def _check_one_writer(func, args) -> None:
+def _check_one_writer(func, args, kwargs, out) -> None:
     """An index write whose repeated indices carry different values: CUDA keeps whichever write lands last, in no
-    fixed order, where a CPU keeps the last in index order.  Written in index order and in reverse, the two results
-    agree exactly when no such pair exists."""
-    name = func
-    if func in (torch.ops.aten.index_put_.default, torch.ops.aten.index_put.default):  # x[index] = values
-        target, indices, values = args[:3]
-        accumulate = len(args) > 3 and args[3]
-        if accumulate or len(indices) != 1 or indices[0] is None or indices[0].dtype == torch.bool:
-            return  # a sum, or a mask (no index twice)
-        target, dim, index, source = target, 0, indices[0].reshape(-1), values.expand(*indices[0].shape,
-                                                                                         *target.shape[1:])
-        source = source.reshape(len(index), *target.shape[1:])
-        args = (target, dim, index, source)
-        func = torch.ops.aten.index_copy.default
-    target, dim, index, source = args[:4]
-    if index.numel() < 2:
-        return
-    base = torch.zeros_like(target)
-    if func in (torch.ops.aten.index_copy_.default, torch.ops.aten.index_copy.default):
-        forward, backward = base.index_copy(dim, index, source), base.index_copy(dim, index.flip(0), source.flip(dim))
-    else:
-        forward = base.scatter(dim, index, source.narrow(dim, 0, index.shape[dim]))
-        backward = base.scatter(dim, index.flip(dim), source.narrow(dim, 0, index.shape[dim]).flip(dim))
-    if not torch.equal(forward, backward):
-        raise ReplayDiverged(f"{name} writes different values to one index: on CUDA which one stays is not fixed")
+    fixed order, where a CPU keeps the last in index order.  Read back at the indices, the result holds every value
+    written exactly when no such pair exists (whatever the order of the writes)."""
+    if func in (torch.ops.aten.index_put_.default, torch.ops.aten.index_put.default):  # x[indices] = values
+        if (args[3] if len(args) > 3 else kwargs.get("accumulate", False)):
+            return  # a sum
+        indices, values = args[1], args[2]
+        found = torch.ops.aten.index.Tensor(out, indices)
+        written = values.to(out.dtype).expand_as(found)
+    elif func in (torch.ops.aten.index_copy_.default, torch.ops.aten.index_copy.default):
+        dim, index, source = args[1:4]
+        found, written = out.index_select(dim, index), source
+    else:  # scatter: index may be smaller than src in every dimension
+        dim, index, source = args[1:4]
+        found = out.gather(dim, index)
+        written = source[tuple(slice(0, size) for size in index.shape)]
+    same = (found == written) | (found != found) & (written != written)  # NaN written where NaN is found
+    if not _TOLIST(same.all()):
+        raise ReplayDiverged(f"{func} writes different values to one index: on CUDA which one stays is not fixed")
 
 
 def _flat_tensors(outputs) -> list:

@@ -144,23 +144,35 @@ def test_a_replay_that_differs_from_its_capture_is_caught():
     assert torch.equal(graphs.Emulated().run("step", step, torch.arange(3.0)), torch.tensor([1.0, 3.0, 5.0]))
 
 
-@pytest.mark.parametrize("write", ["index_copy", "scatter", "index_put"])
+@pytest.mark.parametrize("write", ["index_copy", "scatter", "index_put", "index_put, int32 and negative"])
 def test_two_writes_of_different_values_to_one_index_are_caught(write):
-    # CUDA keeps either write, in no fixed order; writes of equal values are safe.
+    # CUDA keeps either write, in no fixed order; writes of equal values (NaN included) are safe.
     def step(x, values):
         index = torch.tensor([1, 1, 0])
         if write == "index_copy":
             return torch.zeros(3).index_copy_(0, index, values + x)
         if write == "scatter":
-            return torch.zeros(1, 3).scatter_(1, index[None], (values + x)[None])
-        out = torch.zeros(3)
-        out[index] = values + x
+            return torch.zeros(2, 4).scatter_(1, index[None], (values + x)[None].expand(2, -1))
+        out = torch.zeros(2, 3)
+        if write == "index_put":
+            out[:, index] = values + x
+        else:
+            out[0, torch.tensor([-2, 1, 0], dtype=torch.int32)] = values + x
         return out
 
     checked = graphs.Checked()
     checked.run("equal", step, torch.zeros(1), torch.tensor([2.0, 2.0, 5.0]))
+    checked.run("not a number", step, torch.zeros(1), torch.tensor([float("nan"), float("nan"), 5.0]))
     with pytest.raises(graphs.ReplayDiverged, match="writes different values to one index"):
         checked.run("different", step, torch.zeros(1), torch.tensor([2.0, 3.0, 5.0]))
+
+
+def test_a_phase_that_reads_the_device_from_the_host_is_caught():
+    # CUDA refuses to capture a transfer to the host: the phase would run eagerly, every cycle.
+    with pytest.raises(graphs.ReplayDiverged, match="_local_scalar_dense.*CUDA refuses to capture it"):
+        graphs.Checked().run("step", lambda x: x * int(x.sum()), torch.ones(2))
+    with pytest.raises(graphs.ReplayDiverged, match="nonzero"):
+        graphs.Checked().run("step", lambda x: x.nonzero(), torch.ones(2))
 
 
 SAMPLED_TOKENS = 24  # about 10 cycles to average the counts over
