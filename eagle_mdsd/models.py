@@ -215,6 +215,11 @@ def eos_token_ids(target, tokenizer=None) -> list[int]:
     return [eos] if isinstance(eos, int) else list(eos or [])
 
 
+def pad_token_id(tokenizer) -> int:
+    """The id that pads a batch: the tokenizer's pad token, else its EOS."""
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+
 def model_name(spec: str | None) -> str:
     return EMBEDDED_NAME if spec in (None, EMBEDDED) else Path(str(spec)).name or str(spec)
 

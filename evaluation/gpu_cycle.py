@@ -257,13 +257,15 @@ def main(argv=None) -> None:
                  "real, tau is not.", "",
                  f"Weight-read floor: {weights / 1e6:.1f} MB a step over {bandwidth / 1e9:.0f} GB/s (a device copy's "
                  f"bandwidth, measured here) = **{floor_ms:.3f} ms** a step.", ""]
-        projected = any((name.split(", T = ")[0].replace("compiled ", ""), t) in taus
-                        for name, (_, _, _, t, _) in rows.items())
+        # a row's CPU tau: by its tree and temperature, a compiled row's that of the same row uncompiled
+        row_tau = {name: taus.get((name.split(", T = ")[0].replace("compiled ", ""), t))
+                   for name, (_, _, _, t, _) in rows.items()}
+        projected = any(tau is not None for tau in row_tau.values())
         lines += ["| what | ms per step or cycle | over the floor | cycles a call | warm-up s | CUDA graphs |"
                   + (" projected tokens/s |" if projected else ""),
                   "|---|---|---|---|---|---|" + ("---|" if projected else "")]
-        for name, (ms, cycles, warm, t, note) in rows.items():
-            tau = taus.get((name.split(", T = ")[0].replace("compiled ", ""), t))
+        for name, (ms, cycles, warm, _, note) in rows.items():
+            tau = row_tau[name]
             lines.append(f"| {name} | {ms:.2f} | {ms / floor_ms:.2f}x | {cycles} | {warm:.1f} | {note} |"
                          + ((f" {1000 * tau / ms:.0f} (tau {tau:.2f}) |" if tau else " - |") if projected else ""))
         notes = [note for *_, note in rows.values() if note != "-"]

@@ -38,7 +38,7 @@ LOW, MID = 2, 15  # EAGLE-3 takes layers 2, L/2 and L-3; SmolLM2-135M has 30, an
 def load_default(dtype: torch.dtype = torch.bfloat16):
     """(target, tokenizer, pad id) of the embedded default."""
     target, tokenizer = models.load_target(None, dtype)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    pad_id = models.pad_token_id(tokenizer)
     return target, tokenizer, pad_id
 
 

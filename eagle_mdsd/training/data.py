@@ -170,7 +170,7 @@ def _recorded_prompts(data_dir: Path, prompts: list[dict], prompt_paths, recipe:
 def _shard_samples(target, tokenizer, chunk: list[dict], recipe: DataRecipe, seed: int) -> tuple[list, list]:
     """One shard's samples (token ids, where the answer starts, and the features unless the recipe says not) and
     the target's answers; a batch's seed is `seed` plus its first index, so a rerun repeats it."""
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    pad_id = models.pad_token_id(tokenizer)
     samples, answers = [], []
     for batch_start, encoded in _shard_batches(chunk, tokenizer, recipe):
         prompt_ids, batch = [ids for ids, _ in encoded], [item for _, item in encoded]

@@ -222,7 +222,7 @@ def _sampled_messages(target, tokenizer, prefix_ids: list[int], batch_size: int,
                       seed: int) -> list[list[int]]:
     """batch_size continuations of prefix_ids sampled at temperature 1 (torch's global seed set to `seed`): the
     token ids after the prefix, up to an end token or max_tokens."""
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    pad_id = models.pad_token_id(tokenizer)
     prefix = torch.tensor([prefix_ids] * batch_size, device=target.device)
     torch.manual_seed(seed)
     with torch.inference_mode():
