@@ -175,10 +175,7 @@ class Cycle:
     def _padded(self, parent, depth, valid) -> tuple:
         """A drafted tree's layout inputs, with the reserved lookup slots (if any) as not-valid leaves of the root
         until a graft fills them."""
-        extra = self.grafted
-        if not extra:
-            return parent, depth, valid
-        zeros = torch.zeros(extra, dtype=torch.long, device=self.device)
+        zeros = torch.zeros(self.grafted, dtype=torch.long, device=self.device)
         return torch.cat([parent, zeros]), torch.cat([depth, zeros + 1]), torch.cat([valid, zeros.bool()])
 
     # -- masks ---------------------------------------------------------------------------------------------
@@ -425,9 +422,8 @@ class Cycle:
         span = bound + self.reach
         if graphs is not None:
             span = min(-(-span // SPAN_BUCKET) * SPAN_BUCKET, self.target_cache.capacity)
-        for cache in (self.target_cache, self.head_cache):
-            if cache is not None:
-                cache.span, cache.length = span, bound
+        for cache in filter(None, (self.target_cache, self.head_cache)):
+            cache.span, cache.length = span, bound
         if self.method == "eagle":
             self._run(graphs, "draft", parity, span)
             timer.lap("draft")
@@ -436,12 +432,10 @@ class Cycle:
         timer.lap("verify")
 
     def _run(self, graphs, phase: str, parity: int, span: int) -> None:
-        function = getattr(self, phase)
         if graphs is None:
-            function(parity)
-        else:
-            graphs.run((phase, id(self), parity, self.temperature, span), lambda: function(parity),
-                       generator=self.generator)
+            return getattr(self, phase)(parity)
+        graphs.run((phase, id(self), parity, self.temperature, span), lambda: getattr(self, phase)(parity),
+                   generator=self.generator)
 
     def receive(self, parity: int) -> tuple[int, list[int], list[int], bool]:
         """(accepted drafts, the path's tokens and the bonus, the path's child ranks, whether its last node has

@@ -78,7 +78,7 @@ class DynamicTree:
     grafted = 0
 
     def check_scheme(self, scheme, vocab: int = 1 << 30) -> None:
-        check_pair(self, scheme)
+        check_pair(self, scheme, vocab)
 
 
 def make(name: str, nodes: int, max_depth: int, top_k: int, threshold: float = 0.0) -> DynamicTree:
@@ -95,9 +95,12 @@ def make(name: str, nodes: int, max_depth: int, top_k: int, threshold: float = 0
     return DynamicTree(name, nodes, max_depth, top_k, threshold)
 
 
-def check_pair(spec: DynamicTree, drafter: str) -> None:
-    """One-line error unless a lossless pair (verification.check_pair) also stays exact in this tree."""
+def check_pair(spec: DynamicTree, drafter: str, vocab: int = 1 << 30) -> None:
+    """One-line error unless the scheme draws top_k children here and its lossless pair stays exact here."""
     scheme = drafting.get(drafter)
+    if scheme.distinct and spec.top_k > vocab:
+        raise UsageError(f"drafter {scheme.name!r} cannot fill tree {spec.label!r}: cannot draw {spec.top_k} "
+                         f"distinct drafts from a vocabulary of {vocab}: use --top-k {vocab} or less")
     if spec.name == "opt_tree" and scheme.name != "topk":
         raise UsageError(f"opt_tree stops growing by the scores of drawn children, which is exact only for "
                          f"deterministic ones: use --drafter topk --verifier topk, or --tree eagle2 for "

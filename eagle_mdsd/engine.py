@@ -101,8 +101,7 @@ class Decoder:
         self.target_cache_keyword = models.cache_keyword(decoder_model)
         self.lm_head = target.get_output_embeddings()
         self.device = self.lm_head.weight.device
-        # EAGLE-3 heads read three layers' hidden states beside the final feature (eagle3.py)
-        self.feature_layers = getattr(head, "feature_layers", None)
+        self.feature_layers = getattr(head, "feature_layers", None)  # EAGLE-3 heads read three layers (eagle3.py)
         self.hidden_size = target.config.hidden_size
         self.eos = set(int(e) for e in eos_token_ids)
         self.packed = kernels.resolve(kernels_choice, self.lm_head.weight, compiling)
@@ -113,8 +112,8 @@ class Decoder:
             tree.check_scheme(self.scheme, self.lm_head.weight.shape[0])
         self.graphs = graphs.Emulated() if cuda_graphs == "emulate" else \
             graphs.Graphs() if graphs.resolve(cuda_graphs, self.device) else None
-        self.caches = {}  # capacity -> (target cache, head cache), kept so that captured graphs replay
-        self.cycles = {}  # (target cache, method) -> its cycle.Cycle, kept for the same reason
+        self.caches = None  # (target cache, head cache): the largest a call has needed, kept for the next
+        self.cycles = {}  # method -> its cycle.Cycle over those caches, kept so that its captured graphs replay
         self.draft_model = None if head is None else \
             drafters.DraftModel(head, target, draft_vocab, tree.fill if tree else 1, self.packed, compiling)
 
@@ -136,18 +135,19 @@ class Decoder:
         return self.lm_head(features if self.feature_layers is None else features[..., : self.hidden_size])
 
     def _caches(self, capacity: int, method: str):
-        """A call's caches: the smallest kept ones that hold it (the graphs captured on them replay), else new ones
-        of its capacity rounded up to 256."""
-        kept = [size for size in self.caches if size >= capacity]
-        capacity = min(kept) if kept else -(-capacity // 256) * 256
-        if capacity not in self.caches:
-            self.caches[capacity] = (KVCache(self.target.config.num_hidden_layers, capacity),
-                                     None if self.draft_model is None else self.draft_model.new_cache(capacity))
-        target_cache, head_cache = self.caches[capacity]
-        for cache in (target_cache, head_cache):
-            if cache is not None:
-                cache.truncate(0)
-        return target_cache, head_cache if method == "eagle" else None
+        """A call's caches: the kept pair if it holds the call, else a new pair of its capacity rounded up to 256,
+        which replaces the kept one with its cycles and their graphs.  One pair is kept, so memory holds the
+        longest call's; a shorter call attends over its own span of it, not over the capacity (cache.py)."""
+        if self.caches is None or self.caches[0].capacity < capacity:
+            for cycle in self.cycles.values() if self.graphs is not None else ():
+                self.graphs.forget(id(cycle))
+            self.cycles, self.caches = {}, None  # the old pair's memory goes before the new pair's is taken
+            capacity = -(-capacity // 256) * 256
+            self.caches = (KVCache(self.target.config.num_hidden_layers, capacity),
+                           None if self.draft_model is None else self.draft_model.new_cache(capacity))
+        for cache in filter(None, self.caches):  # calls share them: each starts afresh
+            cache.truncate(0)
+        return self.caches[0], self.caches[1] if method == "eagle" else None
 
     def start(self, prompt_ids, max_new_tokens: int = 128, temperature: float = 0.0, seed: int = 0,
               method: str = "eagle", profile: bool = False) -> tuple[Call, torch.Tensor]:
@@ -168,6 +168,8 @@ class Decoder:
 
     def run(self, call: Call, prompt, max_new_tokens: int, method: str = "eagle") -> GenerationResult:
         start, captured = time.perf_counter(), self.graphs.seconds if self.graphs else 0.0
+        # emptied; a call started before a longer one replaced its caches takes the new ones
+        call.target_cache, call.head_cache = self._caches(call.target_cache.capacity, method)
         cycle = self._cycle(call, method)
         generator = cycle.generator.manual_seed(call.seed)  # its graphs draw from it: it takes the call's seed
         root, features = self._prefill(call, prompt, generator)
@@ -184,10 +186,9 @@ class Decoder:
         return result
 
     def _cycle(self, call: Call, method: str) -> cycle_module.Cycle:
-        key = (id(call.target_cache), method)
-        if key not in self.cycles:
-            self.cycles[key] = cycle_module.Cycle(self, self.tree, call.target_cache, call.head_cache, method)
-        return self.cycles[key]
+        if method not in self.cycles:
+            self.cycles[method] = cycle_module.Cycle(self, self.tree, call.target_cache, call.head_cache, method)
+        return self.cycles[method]
 
     def _prefill(self, call: Call, prompt, generator) -> tuple[torch.Tensor, torch.Tensor]:
         """The target reads the prompt, as its `generate` does; the head reads its pairs but the last, which the
@@ -234,6 +235,8 @@ class Decoder:
 def _check_call(decoder: Decoder, prompt: int, max_new_tokens: int, temperature: float, method: str) -> None:
     """One-line errors for a call the decoder cannot make."""
     check_temperature(temperature)
+    if prompt < 1:
+        raise UsageError("the prompt is empty: give at least one token")
     if max_new_tokens < 1:
         raise UsageError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
     if method not in ("eagle", "baseline"):

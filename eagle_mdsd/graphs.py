@@ -72,7 +72,8 @@ class Graphs:
         self.pool = None
 
     def run(self, key, function, *inputs, generator: torch.Generator | None = None):
-        """generator: the one the function draws from; warm-up and capture leave its state as they found it, so
+        """key: (what, the id of the object whose buffers the function uses, ...), as `forget` reads it.
+        generator: the one the function draws from; warm-up and capture leave its state as they found it, so
         the first replay draws what an eager call would."""
         entry = self.entries.get(key)
         if entry is None:
@@ -99,6 +100,11 @@ class Graphs:
             buffer.copy_(value)
         graph.replay()
         return outputs
+
+    def forget(self, owner: int) -> None:
+        """Drop the graphs captured on the buffers of the object of id `owner` (about to be let go): their memory
+        goes back to the pool, and a later object given the same id never replays them."""
+        self.entries = {key: entry for key, entry in self.entries.items() if key[1] != owner}
 
     @staticmethod
     def _warm_up(function, inputs):

@@ -35,6 +35,9 @@ def load(spec: str, device="cpu", **overrides):
     at temperature 0 (lookup.py)."""
     base, tokens = split(spec)
     if tokens is not None:
+        if split(base)[1] is not None:  # a graft fills the slots reserved after the drafted tree: one a tree
+            raise UsageError(f"tree {spec!r}: one {lookup.SUFFIX} suffix a tree, e.g. "
+                             f"{split(base)[0]}{lookup.SUFFIX}{tokens}")
         return lookup.LookupTree(load(base, device, **overrides), tokens)
     name, _, options = spec.partition(":")
     given = {key: value for key, value in overrides.items() if value is not None}

@@ -180,6 +180,7 @@ CASES = {
                               (tmp / "t.json").write_text("[[0], [true]]") and tmp / "t.json"],
     "tree-clash": lambda tmp: ["generate", "--prompt", "hi", "--tree", (tmp / "tree_configs").mkdir()
                                or (tmp / "tree_configs" / "chain4.json").write_text("[[0]]") and "chain4"],
+    "tree-lookup-twice": lambda tmp: ["generate", "--prompt", "hi", "--tree", "chain2+lookup2+lookup"],
     "drafter-unknown": lambda tmp: ["generate", "--prompt", "hi", "--drafter", "nope"],
     "pair-lossy": lambda tmp: ["generate", "--prompt", "hi", "--drafter", "with_replacement", "--verifier", "rrs_wo"],
     "drafter-fit": lambda tmp: ["generate", "--prompt", "hi", "--tree", "chain3", "--drafter", "spechub",

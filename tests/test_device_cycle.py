@@ -327,3 +327,41 @@ def test_a_forward_inductor_cannot_compile_is_a_one_line_error(target_and_head, 
     with pytest.raises(UsageError, match=r"^--cuda-graphs compile: torch.compile failed \(.*no C\+\+ compiler"):
         decoder.generate(PROMPT, 4, 0.0)
     torch._dynamo.reset()
+
+
+def test_one_pair_of_caches_serves_every_call_and_a_longer_call_replaces_it(target_and_head):
+    """A decoder keeps the caches of its longest call, not one pair per length (a GPU's memory holds one); the
+    cycles and graphs of the pair a longer call replaces go with it.  Calls share the pair, so each run starts it
+    afresh: two calls started before either runs, the second a longer one, each decode their own prompt."""
+    target, draft_head = target_and_head
+    target.config.max_position_embeddings = 1024
+    device = engine.Decoder(target, draft_head, tree_specs.load("eagle_default+lookup", "cuda"),
+                            cuda_graphs="emulate")
+    short, long = PROMPT, [t % 16 for t in range(300)]  # the long one's caches exceed the short one's 256
+
+    def alone(prompt):
+        return engine.Decoder(target, draft_head, tree_specs.load("eagle_default+lookup", "cuda")).generate(
+            prompt, TOKENS, 0.0).token_ids
+
+    assert device.generate(short, TOKENS, 0.0).token_ids == alone(short)
+    first = device.caches[0]
+    assert first.capacity == 256 and {key[1] for key in device.graphs.entries} == {id(device.cycles["eagle"])}
+    middle = [t * 7 % 16 for t in range(40)]  # a run of it leaves 80 entries the next run must not see
+    calls = [device.start(prompt, TOKENS, 0.0) for prompt in (middle, short)]
+    with torch.inference_mode():
+        assert [device.run(call, prompt, TOKENS).token_ids for call, prompt in calls] == [alone(middle), alone(short)]
+    short_call, short_prompt = device.start(short, TOKENS, 0.0)
+    long_call, long_prompt = device.start(long, TOKENS, 0.0)
+    with torch.inference_mode():
+        assert device.run(long_call, long_prompt, TOKENS).token_ids == alone(long)
+        assert device.run(short_call, short_prompt, TOKENS).token_ids == alone(short)
+    assert device.caches[0] is long_call.target_cache is short_call.target_cache and first.capacity == 256
+    assert device.caches[0].capacity == 512 and {key[1] for key in device.graphs.entries} == \
+        {id(device.cycles["eagle"])}
+    assert device.generate(short, TOKENS, 0.0, method="baseline").token_ids == alone(short)
+    assert set(device.cycles) == {"eagle", "baseline"} and device.caches[0].capacity == 512
+
+
+def test_an_empty_prompt_is_a_one_line_error(target_and_head):
+    with pytest.raises(ValueError, match="the prompt is empty: give at least one token"):
+        engine.Decoder(*target_and_head, tree_specs.load("chain2")).generate([], 4)

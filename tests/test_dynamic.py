@@ -82,6 +82,13 @@ def test_dynamic_trees_refuse_pairs_that_would_not_be_exact(tiny, spec, drafter,
         engine.Decoder(target, draft_head, tree_specs.load(spec), drafter, verifier)
 
 
+@pytest.mark.parametrize("spec", ["eagle2:total_tokens=5,depth=2,top_k=5", "opt_tree:nodes=4,max_depth=2,top_k=5"])
+def test_more_children_a_node_than_the_vocabulary_holds_is_a_one_line_error(tiny, spec):
+    target, draft_head = tiny  # a vocabulary of 4 tokens
+    with pytest.raises(ValueError, match=r"cannot fill tree .*cannot draw 5 distinct drafts from a vocabulary of 4"):
+        engine.Decoder(target, draft_head, tree_specs.load(spec))
+
+
 @pytest.mark.parametrize("spec, message", [
     ("eagle2:top_k=0", "top-k must be at least 1"),
     ("eagle2:total_tokens=1", "total_tokens.*must be at least 2, got 1"),
