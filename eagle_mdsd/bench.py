@@ -54,7 +54,8 @@ class Settings:
     def record(self) -> dict:
         """What every answer row records under 'settings': the settings that made it, as JSON values."""
         made = {"method": self.method, "temperature": float(self.temperature), "max_new_tokens": self.max_new_tokens,
-                "seed": self.seed, "turns": self.turns, **dict(self.context)}
+                "seed": self.seed, "turns": self.turns, **({"profile": True} if self.profile else {}),
+                **dict(self.context)}
         return json.loads(json.dumps(made))  # as a row reads back (tuples as lists)
 
 

@@ -152,6 +152,19 @@ def expected_layout(raw: dict, source: str) -> tuple[dict, dict]:
     return shapes, optional
 
 
+def _check_layers(raw: dict, layers: int, source: str) -> None:
+    """One-line error where a head's config names other target layers than `feature_layers` (SpecForge's
+    eagle_aux_hidden_state_layer_ids, top-level or in eagle_config: vLLM reads them as the layers whose inputs
+    the head takes, SGLang as those whose outputs it takes, one lower; either reading of ours passes)."""
+    nested = raw.get("eagle_config") if isinstance(raw.get("eagle_config"), dict) else {}
+    named = raw.get("eagle_aux_hidden_state_layer_ids", nested.get("eagle_aux_hidden_state_layer_ids"))
+    ours = list(feature_layers(layers))
+    if named is not None and named not in (ours, [layer - 1 for layer in ours]):
+        raise UsageError(f"draft head {source} was trained on other target layers (config.json's "
+                         f"eagle_aux_hidden_state_layer_ids {json.dumps(named)[:40]}) than the ones this engine "
+                         f"feeds it, the inputs of layers {ours} (EAGLE-3's): use a head trained on those")
+
+
 def load(raw: dict, state: dict, target, source: str) -> Eagle3Head:
     """An EAGLE-3 head for `target` from its config and weights; one-line errors name what does not fit."""
     config = config_for(raw, source)
@@ -163,6 +176,7 @@ def load(raw: dict, state: dict, target, source: str) -> Eagle3Head:
     if config.vocab_size != target.config.vocab_size:
         raise UsageError(f"draft head {source} does not fit the base model: vocab_size is {config.vocab_size} in "
                          f"the head but {target.config.vocab_size} in the base model")
+    _check_layers(raw, target.config.num_hidden_layers, source)
     embedding = target.get_input_embeddings().weight.shape[1]
     if embedding != config.hidden_size:
         raise UsageError(f"draft head {source} does not fit the base model: hidden_size is {config.hidden_size}, "

@@ -75,9 +75,10 @@ def _totals(rows: list[dict]) -> dict:
     lengths = [n for r in rows for turn in bench.turn_lengths(r["choices"][0]) for n in turn]
     if lengths and max(lengths) > 1:
         totals["acceptance_by_depth"] = acceptance_by_depth(lengths)
-    profiles = [turn for r in rows for turn in r["choices"][0].get("profile", [])]
-    if profiles and cycles:
-        totals["ms_per_cycle"] = {phase: 1000 * sum(p.get(phase, 0.0) for p in profiles) / cycles
+    profiled = [r["choices"][0] for r in rows if r["choices"][0].get("profile")]
+    profiles, profiled_cycles = [turn for c in profiled for turn in c["profile"]], sum(sum(c["idxs"]) for c in profiled)
+    if profiles and profiled_cycles:  # over the cycles of the profiled answers alone
+        totals["ms_per_cycle"] = {phase: 1000 * sum(p.get(phase, 0.0) for p in profiles) / profiled_cycles
                                   for phase in PHASES if any(phase in p for p in profiles)}
     return totals
 
@@ -103,6 +104,20 @@ def question_rates(rows: list[dict]) -> list[list]:
     """[question id, its tokens / its seconds over all turns] per question, in the file's order (the order run)."""
     return [[row["question_id"], sum(row["choices"][0]["new_tokens"]) / sum(row["choices"][0]["wall_time"])]
             for row in rows if sum(row["choices"][0]["wall_time"]) > 0]
+
+
+def drafted(rows: list[dict], totals: dict) -> bool:
+    """Whether a file's answers come from a method that drafts (by the method its rows record, else by a cycle
+    that accepted a draft): one whose drafts were all rejected still drafted."""
+    method = (rows[0].get("settings") or {}).get("method")
+    return method not in PLAIN if method else "acceptance_by_depth" in totals
+
+
+def same_questions(entry: dict, other: dict) -> bool:
+    """Whether two entries answered the same questions, so that a ratio of their totals compares like with
+    like (entries of older results, which kept no per-question rates, are taken as paired)."""
+    mine, theirs = entry.get("question_tokens_per_s"), other.get("question_tokens_per_s")
+    return mine is None or theirs is None or {q for q, _ in mine} == {q for q, _ in theirs}
 
 
 def spread_markdown(entries: list[dict], listed: int = 12) -> list[str]:
@@ -139,9 +154,11 @@ def spread_markdown(entries: list[dict], listed: int = 12) -> list[str]:
 
 
 def _by_category(rows: list[dict]) -> dict[str, list[dict]]:
+    """The rows overall ('all') and by category; a category named 'all' is listed as 'all (category)'."""
     groups: dict[str, list[dict]] = {"all": rows}
     for row in rows:
-        groups.setdefault(row.get("category") or "unknown", []).append(row)
+        category = row.get("category") or "unknown"
+        groups.setdefault("all (category)" if category == "all" else category, []).append(row)
     return groups
 
 
@@ -157,6 +174,7 @@ def one_setting(rows: list[dict], answer_file: Path, mixed_settings: bool = Fals
     return rows
 
 
+PLAIN = ("baseline", "hf_generate", "hf_compiled")  # methods that decode a token a forward
 COMPARED = ("base_model", "dtype", "temperature", "max_new_tokens", "turns")  # what a ratio holds equal
 ACROSS = COMPARED + ("bench",)  # the differences `across` can name
 
@@ -237,7 +255,7 @@ def compare(answer_files: list[Path], baseline: Path | None = None, labels: list
         label = labels[i] if labels else rows[0].get("model_id") or Path(path).stem
         entries.append({"label": label, "file": str(path), "categories": categories,
                         "question_tokens_per_s": question_rates(rows)} | ({"across": notes} if notes else {}))
-        if paired and "acceptance_by_depth" in categories["all"]:  # a file that drafted
+        if paired and drafted(rows, categories["all"]):
             if taus:
                 first = taus[0][0]["file"]
                 entries[-1].setdefault("across", []).extend(
@@ -266,6 +284,7 @@ def _overall_table(entries: list[dict], over: str | tuple, with_speedup: bool) -
     """Every entry's totals, its speedup over the baseline (where every entry has one) and its tokens/s over
     each label of `over` that an entry carries; then what the columns mean."""
     speeds = {e["label"]: e["categories"]["all"]["tokens_per_s"] for e in entries}
+    by_label = {e["label"]: e for e in entries}
     peers = [label for label in ((over,) if isinstance(over, str) else over or ()) if label in speeds]
     lines = ["| method | questions | new tokens | tau | tokens/s | tokens/s, mean of questions |"
              + (" speedup | speedup, mean of questions |" if with_speedup else "")
@@ -278,10 +297,13 @@ def _overall_table(entries: list[dict], over: str | tuple, with_speedup: bool) -
                      f"{total['tokens_per_s']:.1f} | {mean_rate:.1f} |"
                      + (f" {total['speedup']:.2f}x | {total['mean_question_speedup']:.2f}x |" if with_speedup
                         else "")
-                     + "".join(f" {total['tokens_per_s'] / speeds[label]:.2f}x |" for label in peers))
+                     + "".join(f" {total['tokens_per_s'] / speeds[label]:.2f}x |" if same_questions(
+                         entry, by_label[label]) else " - |" for label in peers))
     return lines + ["", "tokens/s: total new tokens over total time (every turn's wall time, prefill included). "
                     "tokens/s, mean of questions: the mean over questions of each question's tokens over its time, "
-                    "as Spec-Bench's and EAGLE's speed.py compute it; their speedup is the ratio of those means."]
+                    "as Spec-Bench's and EAGLE's speed.py compute it; their speedup is the ratio of those means."
+                    + (" x METHOD: - where the two rows answered different questions." if any(
+                        not same_questions(e, by_label[label]) for e in entries for label in peers) else "")]
 
 
 def _category_table(entries: list[dict], with_speedup: bool) -> list[str]:

@@ -196,6 +196,67 @@ def test_report_pairs_tau_per_question_against_the_first_drafting_file(tmp_path)
     assert "| second | 2 | +0.000 | 1.000 | 1 | 1 |" in report.markdown(entries)
     assert cli.main(["report", *map(str, files.values()), "--paired", "--out", str(tmp_path / "cli")]) == 0
     assert "| m | 2 | +0.000 | 1.000 | 1 | 1 |" in (tmp_path / "cli.md").read_text()  # labels: the model_id
+    # a file of EAGLE's answers drafted, even where no draft was accepted: it stays the reference
+    files["first"].write_text("".join(json.dumps(_fake_row(q, "x", [8], [1.0], [8])
+                                                 | {"settings": {"method": "eagle"}}) + "\n" for q in (1, 2)))
+    entries = report.compare(list(files.values()), labels=list(files), paired=True)
+    assert entries[2]["paired_tau"]["against"] == "first"
+
+
+def test_a_category_named_all_stands_apart_from_the_overall_totals(tmp_path):
+    # a question file named all.jsonl names its questions' category "all", as the overall totals are named
+    answers = tmp_path / "all.jsonl"
+    answers.write_text("\n".join(json.dumps(_fake_row(q, "all", [10], [1.0], [5])) for q in (1, 2)) + "\n")
+    summary = report.summarise(answers)
+    assert summary["all"]["questions"] == 2 and summary["all (category)"]["questions"] == 2
+
+
+def test_a_ratio_of_two_rows_is_given_only_over_the_same_questions(tmp_path):
+    """A run cut part-way leaves rows of different questions: each row's totals then average other questions,
+    so the columns over a peer and the page's ratios give - or nothing there (the speedup over the baseline
+    pairs questions itself)."""
+    rows = {"baseline": [(1, 1.0), (2, 1.0), (3, 1.0)], "hf_generate": [(1, 1.0), (2, 1.0)],
+            "eagle": [(1, 2.0), (2, 2.0), (3, 2.0)], "prompt_lookup": [(1, 2.0), (2, 2.0)]}
+    files = {}
+    for label, answered in rows.items():  # question 3 is long and runs faster a token
+        files[label] = tmp_path / f"{label}.jsonl"
+        files[label].write_text("".join(json.dumps(_fake_row(q, "x", [200 if q == 3 else 20],
+                                                             [(4.0 if q == 3 else 1.0) / speed], [20])) + "\n"
+                                        for q, speed in answered))
+    entries = report.compare(list(files.values()), files["baseline"], labels=list(files))
+    table = report.markdown(entries, ("hf_generate",))
+    assert "| eagle | 3 | 240 | 4.00 | 80.0 | 60.0 | 2.00x | 2.00x | - |" in table
+    assert "| prompt_lookup | 2 | 40 | 1.00 | 40.0 | 40.0 | 2.00x | 2.00x | 2.00x |" in table
+    assert "x METHOD: - where the two rows answered different questions" in table
+    assert not any("prompt_lookup" in line for line in pages.comparisons(entries, 0.0))
+    paired = report.compare([files["eagle"], files["baseline"]], files["baseline"], labels=["eagle", "baseline"])
+    assert "- where" not in report.markdown(paired, ("baseline",))
+
+
+def test_profiled_answers_keep_a_file_of_their_own_and_their_own_cycles(tmp_path):
+    answers = tmp_path / "answers.jsonl"
+    plain, profiled = bench.Settings("eagle"), bench.Settings("eagle", profile=True)
+    row = _fake_row(1, "x", [10], [1.0], [5]) | {"settings": plain.record()}
+    answers.write_text(json.dumps(row) + "\n")
+    with pytest.raises(ValueError, match="profile null -> true"):
+        bench.check_answer_file(answers, profiled, [{"question_id": 2}])
+    timed = _fake_row(2, "x", [10], [1.0], [5])
+    timed["choices"][0]["profile"] = [{"draft": 0.1, "verify": 0.05}]
+    # ms a cycle over the profiled answer's 5 cycles, not over every row's 10 (answers of older files mix)
+    assert report._totals([_fake_row(1, "x", [10], [1.0], [5]), timed])["ms_per_cycle"] == \
+        pytest.approx({"draft": 20.0, "verify": 10.0})
+
+
+def test_where_and_how_bench_timed_its_answers_is_recorded_where_not_the_defaults():
+    from eagle_mdsd.cli import bench as bench_command
+
+    def recorded(*flags):
+        args = cli.build_parser().parse_args(["bench", "--method", "baseline", *flags])
+        return bench_command.row_settings(args).record()
+
+    assert not {"device", "kernels", "cuda_graphs"} & set(recorded())  # as the rows of older files
+    assert {"kernels": "stock", "cuda_graphs": "off"}.items() <= recorded("--kernels", "stock", "--cuda-graphs",
+                                                                           "off").items()
 
 
 def test_report_acceptance_by_depth():

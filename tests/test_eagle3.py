@@ -43,6 +43,26 @@ def test_a_head_in_the_released_layout_loads(tiny3, tmp_path):
     assert loaded.target_ids().tolist() == draft_head.target_ids().tolist()
 
 
+@pytest.mark.parametrize("named, nested, fits", [
+    ([2, 2, 1], False, True),   # vLLM's reading: the inputs of layers 2, N // 2, N - 3 of this 4-layer target
+    ([1, 1, 0], True, True),    # SGLang's: the outputs of the layers below them (under eagle_config)
+    ([0, 1, 3], False, False),  # other layers: the head would read features it was not trained on
+])
+def test_a_head_naming_its_target_layers_loads_only_where_they_are_the_ones_it_is_fed(tiny3, tmp_path, named,
+                                                                                       nested, fits):
+    target, draft_head = tiny3
+    folder = eagle3.save(draft_head, tmp_path / "head")
+    config = json.loads((folder / "config.json").read_text())
+    field = {"eagle_aux_hidden_state_layer_ids": named}
+    (folder / "config.json").write_text(json.dumps(config | ({"eagle_config": field} if nested else field)))
+    if fits:
+        assert head.load_head(str(folder), target).feature_layers == (2, 2, 1)
+    else:
+        with pytest.raises(ValueError, match=r"trained on other target layers .*\[0, 1, 3\].*inputs of layers "
+                                             r"\[2, 2, 1\]"):
+            head.load_head(str(folder), target)
+
+
 def test_a_head_that_does_not_fit_is_a_one_line_error_naming_the_field(tiny3, tmp_path):
     target, draft_head = tiny3
     folder = eagle3.save(draft_head, tmp_path / "head")

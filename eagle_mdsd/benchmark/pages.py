@@ -77,12 +77,18 @@ def comparisons(entries: list[dict], temperature: float) -> list[str]:
     each EAGLE row over prompt lookup, each dynamic tree over the static default, and each EAGLE tree's time a
     cycle (tokens/s = tau / seconds a cycle, so the tau a speed asks for follows from it: docs/benchmarks.md)."""
     speed = {e["label"]: e["categories"]["all"]["tokens_per_s"] for e in entries}
+    by_label = {e["label"]: e for e in entries}
+
+    def paired(label, other):  # a ratio of totals compares like with like only over the same questions
+        return other in speed and report.same_questions(by_label[label], by_label[other])
+
     eagles = [label for label in speed if label == "eagle" or label.startswith("eagle[")]
     lines = [f"{label} / prompt_lookup at T={temperature:g}: {speed[label]:.1f} / {speed['prompt_lookup']:.1f} "
-             f"tokens/s = {speed[label] / speed['prompt_lookup']:.2f}x" for label in eagles if "prompt_lookup" in speed]
+             f"tokens/s = {speed[label] / speed['prompt_lookup']:.2f}x" for label in eagles
+             if paired(label, "prompt_lookup")]
     static = "eagle[eagle_default]"
     lines += [f"{label} / {static} at T={temperature:g}: {speed[label] / speed[static]:.2f}x" for label in eagles
-              if label != static and static in speed and label[6:].split(":")[0] in dynamic.NAMES]
+              if label != static and paired(label, static) and label[6:].split(":")[0] in dynamic.NAMES]
     for entry in entries:
         all_ = entry["categories"]["all"]
         if entry["label"] in eagles and all_.get("cycles"):
@@ -99,7 +105,8 @@ def _settings_paragraph(result: dict) -> str:
     eagle = (f"; EAGLE: shipped head, tree(s) {', '.join(result['trees'])}, drafter {result['drafter']}, verifier "
              f"{result['verifier']}{sampled_note(result)} (TREE@D/V: that tree's own pair), draft vocabulary "
              f"{result.get('draft_vocab') or 'full'}" if with_eagle else "")
-    return (f"Questions: {result['bench']} {', '.join(map(str, result['questions']))} (both turns), "
+    turns = "both turns" if result["bench"] == "mt_bench" else "every turn"
+    return (f"Questions: {result['bench']} {', '.join(map(str, result['questions']))} ({turns}), "
             f"at most {result['max_new_tokens']} new tokens per turn{eagle}. Methods ran question by question in "
             f"turn in one process. Speedup = tokens/s over `baseline` (plain autoregressive decoding in the same loop) "
             f"on the same questions; "
@@ -120,7 +127,8 @@ def benchmark_markdown(result: dict, stem: str) -> str:
     if result.get("command"):
         note = f", {result['command_note']}" if result.get("command_note") else ""
         command = [f"Command: `{result['command']}`{note}.", ""]
-    lines = [f"# MT-Bench benchmark, embedded default, {result['date']}", "", *command,
+    bench = "MT-Bench" if result["bench"] == "mt_bench" else result["bench"]
+    lines = [f"# {bench} benchmark, embedded default, {result['date']}", "", *command,
              f"Machine: {machine_line(m)}, device {result['device']}, "
              f"{result['dtype']}.", "", _settings_paragraph(result), ""]
     for tag, block in result["temperatures"].items():

@@ -121,7 +121,8 @@ def settings_record(run: Run, plan: BenchmarkPlan, checksum: str | None, draft_v
             "bench": plan.bench_name, "max_new_tokens": plan.max_new_tokens, "seed": plan.seed,
             "trees": [s[False][0] for s in run.setups], "drafter": plan.drafter, "verifier": plan.verifier,
             "draft_vocab": draft_vocab, "sampling_pair": "/".join(run.sampled), "kernels": used_kernels,
-            **({} if plan.sampling_tree == "same" else {"sampling_tree": plan.sampling_tree})}  # older runs: none
+            **({} if plan.sampling_tree == "same" else {"sampling_tree": plan.sampling_tree}),  # older runs: none
+            **({} if plan.cuda_graphs == "auto" else {"cuda_graphs": plan.cuda_graphs})}
 
 
 def answer(run: Run, plan: BenchmarkPlan, by_label: dict, files: dict, row_settings: dict, tokenizer,

@@ -33,6 +33,9 @@ def row_settings(args):
 
     context = {"dtype": str(models.parse_dtype(args.dtype)).removeprefix("torch."),
                "base_model": args.base_model or models.EMBEDDED}
+    # where and how the timings were made, where not the defaults (rows of older files record none of these)
+    context |= {key: value for key, value, default in (("device", args.device, "cpu"), ("kernels", args.kernels,
+                "auto"), ("cuda_graphs", args.cuda_graphs, "auto")) if value != default}
     if args.method == "eagle":
         spec = args.ea_model or models.DEFAULT_HEAD
         context |= {"tree": plans.tree_label(runners.topology(args)), "drafter": args.scheme,
