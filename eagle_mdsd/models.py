@@ -208,11 +208,14 @@ def load_target(spec: str | None = None, dtype: torch.dtype = torch.float32, dev
 
 
 def eos_token_ids(target, tokenizer=None) -> list[int]:
-    """The ids that end an answer: the generation config's, else the tokenizer's."""
-    eos = target.generation_config.eos_token_id if target.generation_config is not None else None
-    if eos is None and tokenizer is not None:
-        eos = tokenizer.eos_token_id
-    return [eos] if isinstance(eos, int) else list(eos or [])
+    """The ids that end an answer: the generation config's, the model config's and the tokenizer's (Llama-3-Instruct
+    snapshots whose generation config names <|end_of_text|> alone end their turns with the tokenizer's
+    <|eot_id|>, which EAGLE's scripts add)."""
+    generation = target.generation_config.eos_token_id if target.generation_config is not None else None
+    found = []
+    for eos in (generation, target.config.eos_token_id, tokenizer.eos_token_id if tokenizer is not None else None):
+        found += [eos] if isinstance(eos, int) else list(eos or [])
+    return list(dict.fromkeys(found))
 
 
 def pad_token_id(tokenizer) -> int:

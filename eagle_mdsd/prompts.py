@@ -5,7 +5,8 @@ A conversation becomes token ids the way EAGLE's and Spec-Bench's scripts build 
 1. fastchat's conversation template where fastchat knows the model (vicuna, llama-2, qwen, ...; its
    catch-all `one_shot` does not count), with Llama-2-chat's default system prompt, as EAGLE's
    llama-2-chat script sets it;
-2. otherwise the tokenizer's chat template (the embedded default, Llama-3, ...);
+2. otherwise the tokenizer's chat template (the embedded default, Llama-3, ...), for Llama-3 after the same
+   system prompt, as EAGLE's Llama-3 script sets it;
 3. bare text, the messages joined by blank lines, only when neither exists, with a one-line warning.
 
 The model is named by its hub id or path (`model_spec`), else by the tokenizer's `name_or_path`.
@@ -61,6 +62,9 @@ def message_ids(tokenizer, messages: list[dict], model_spec=None, template=None)
         conversation.append_message(conversation.roles[1], None)
         return tokenizer(conversation.get_prompt())["input_ids"]
     if getattr(tokenizer, "chat_template", None):
+        name = str(model_spec or getattr(tokenizer, "name_or_path", "")).lower().replace("-", "")
+        if "llama3" in name and not any(message["role"] == "system" for message in messages):
+            messages = [{"role": "system", "content": LLAMA2_SYSTEM}, *messages]
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         return [int(i) for i in (ids["input_ids"] if hasattr(ids, "keys") else ids)]
     name = str(model_spec or getattr(tokenizer, "name_or_path", "") or "this model")

@@ -12,7 +12,7 @@ from .. import graphs, kernels, models, tree_specs, validate
 from ..errors import UsageError, check_temperature
 from ..benchmark.plans import METHODS  # the methods every subcommand offers, defined once
 
-DTYPE_HELP = "float32, bfloat16 (default) or float16"
+DTYPE_HELP = "float32, bfloat16 (default) or float16 (what EAGLE's and Spec-Bench's evaluation scripts load)"
 
 
 def add_dtype(parser) -> None:
@@ -161,7 +161,9 @@ def decoding(max_new_tokens: int = 128) -> argparse.ArgumentParser:
     parser.add_argument("--method", default="eagle", choices=METHODS,
                         help="eagle, baseline (plain decoding, same loop), or transformers' hf_generate, prompt_lookup")
     parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--max-new-tokens", type=count(1), default=max_new_tokens)
+    parser.add_argument("--max-new-tokens", type=count(1), default=max_new_tokens,
+                        help=f"new tokens a turn at most (default {max_new_tokens}; EAGLE's evaluation generates up "
+                             f"to 512, Spec-Bench's up to 1024)")
     parser.add_argument("--seed", type=validate.seed, default=0)
     return parser
 
