@@ -14,6 +14,7 @@ The model is named by its hub id or path (`model_spec`), else by the tokenizer's
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -62,8 +63,8 @@ def message_ids(tokenizer, messages: list[dict], model_spec=None, template=None)
         conversation.append_message(conversation.roles[1], None)
         return tokenizer(conversation.get_prompt())["input_ids"]
     if getattr(tokenizer, "chat_template", None):
-        name = str(model_spec or getattr(tokenizer, "name_or_path", "")).lower().replace("-", "")
-        if "llama3" in name and not any(message["role"] == "system" for message in messages):
+        name = str(model_spec or getattr(tokenizer, "name_or_path", "")).lower()
+        if re.search(r"llama-?3(?![0-9])", name) and not any(message["role"] == "system" for message in messages):
             messages = [{"role": "system", "content": LLAMA2_SYSTEM}, *messages]
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         return [int(i) for i in (ids["input_ids"] if hasattr(ids, "keys") else ids)]

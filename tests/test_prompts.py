@@ -44,6 +44,8 @@ def test_llama_3_answers_after_llama_2_chat_s_system_prompt_as_eagle_s_do(tokeni
     given = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}]
     assert prompts.LLAMA2_SYSTEM not in tokenizer.decode(models.chat_prompt_ids(tokenizer, given, name))
     assert prompts.LLAMA2_SYSTEM not in tokenizer.decode(models.chat_prompt_ids(tokenizer, "Name a colour."))
+    assert prompts.LLAMA2_SYSTEM not in tokenizer.decode(models.chat_prompt_ids(tokenizer, "Name a colour.",
+                                                                                "someone/llama-30b-chat"))
 
 
 def test_a_tokenizer_shipped_as_a_sentencepiece_model_alone_loads(tmp_path):
