@@ -47,7 +47,7 @@ import torch
 import transformers
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from eagle_mdsd import benchmarks, engine, head, models, peers
+from eagle_mdsd import benchmarks, engine, head, models, outputs, peers
 from eagle_mdsd.benchmark import plans
 
 SHAPES = {
@@ -105,20 +105,25 @@ def device_activity(events) -> tuple[float, int]:
 
 
 def busy_share(call) -> tuple[float, float]:
-    """(the GPU's kernel time over the wall time of call(), device activities a cycle) from torch's profiler: its
-    device activity alone, read from the raw events (the event tree that key_averages() builds took longer than a
-    call's deadline on a Vicuna-7B-shaped cycle).  call() returns its cycles."""
+    """(the GPU's kernel time over the wall time of the cycles, device activities a cycle) from torch's profiler,
+    as call(n) - call(1) so that the prefill and the call's setup drop out (as in `per_cycle_ms`): its device
+    activity alone, read from the raw events (the event tree that key_averages() builds took longer than a call's
+    deadline on a Vicuna-7B-shaped cycle).  call(n) returns its cycles.  The profiler slows the host's launches a
+    little, so the share is a lower bound."""
     from torch.profiler import ProfilerActivity, profile
 
-    call()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        start = time.perf_counter()
-        cycles = call()
+    measured = {}
+    for tokens in (None, 1):
+        call(tokens)
         torch.cuda.synchronize()
-        wall = time.perf_counter() - start
-    seconds, count = device_activity(prof.profiler.kineto_results.events())
-    return seconds / wall, count / max(cycles, 1)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            start = time.perf_counter()
+            cycles = call(tokens)
+            torch.cuda.synchronize()
+            wall = time.perf_counter() - start
+        measured[tokens] = (wall, *device_activity(prof.profiler.kineto_results.events()), cycles)
+    (wall, seconds, count, cycles), (wall1, seconds1, count1, _) = measured[None], measured[1]
+    return (seconds - seconds1) / (wall - wall1), (count - count1) / max(cycles, 1)
 
 
 def save_trace(call, path: Path, device: str) -> None:
@@ -142,6 +147,13 @@ def save_trace(call, path: Path, device: str) -> None:
     raw.unlink()
 
 
+def compilations() -> int:
+    """Graphs torch.compile has made so far in this process (a recompilation makes one more)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
 def graphs_note(decoder) -> str:
     """How a decoder's cycle ran: 'off' (no CUDA graphs: a CPU, or --cuda-graphs off), 'REFUSED: why' (capture
     failed and the cycle ran eagerly), else the number of graphs captured."""
@@ -151,17 +163,20 @@ def graphs_note(decoder) -> str:
     return f"REFUSED: {graphs.refused}" if graphs.refused else f"{len(graphs.entries)} captured"
 
 
-def copy_bandwidth(device: str, megabytes: int) -> float:
-    """Bytes per second a device-to-device copy moves (read and write counted), the best of 5."""
+def copy_bandwidth(device: str, megabytes: int, copies: int = 10) -> float:
+    """Bytes per second a device-to-device copy moves (read and write counted), the best of 5 runs of `copies`
+    back-to-back copies (one copy of a GiB takes half a millisecond on an H200: the clock's and launch's
+    microseconds would weigh on it)."""
     source = torch.empty(megabytes << 20, dtype=torch.uint8, device=device)
     target = torch.empty_like(source)
     best = float("inf")
     for _ in range(5):
         synchronise(device)
         start = time.perf_counter()
-        target.copy_(source)
+        for _ in range(copies):
+            target.copy_(source)
         synchronise(device)
-        best = min(best, time.perf_counter() - start)
+        best = min(best, (time.perf_counter() - start) / copies)
     return 2 * source.numel() / best
 
 
@@ -279,7 +294,9 @@ def main(argv=None) -> None:
             lines += ["", f"CUDA graphs: captured for every row of ours ({len(notes)} rows), none refused."]
         if projected:
             lines += ["", f"Projected tokens/s (a projection, not a measurement): the tau that "
-                      f"`{args.tau_from}` measured for the row's method and temperature over the ms above."]
+                      f"`{args.tau_from}` measured for the row's method and temperature over the ms above (tau "
+                      f"counts each turn's token sampled after its prefill too, which puts the projection about "
+                      f"1% above the cycles' own rate at 128 new tokens a turn)."]
         plain = rows.get("ours, plain step", (None,))[0]
         eager = rows.get("transformers `generate` (eager), step", (None,))[0]
         compiled = rows.get("hf_compiled, step", (None,))[0]
@@ -287,13 +304,14 @@ def main(argv=None) -> None:
             lines += ["", f"Our plain step over `generate`'s: {plain / eager:.2f}x"
                       + (f"; over hf_compiled's: **{plain / compiled:.2f}x**." if compiled else ".")]
         for name, (share, activities) in shares.items():
-            lines.append(f"GPU busy in {name} (kernel time over wall time, torch.profiler, one call of "
-                         f"{args.tokens} tokens): **{100 * share:.0f}%**; {activities:.0f} device activities "
+            lines.append(f"GPU busy in {name} (kernel time over wall time, torch.profiler, a call of "
+                         f"{args.tokens} tokens less a call of 1, so without the prefill; a lower bound, as the "
+                         f"profiler slows the host): **{100 * share:.0f}%**; {activities:.0f} device activities "
                          f"(kernels, copies) a step or cycle.")
         if trace.exists():
             lines.append(f"The profiler's trace of an eagle_default call of 8 tokens, T = 0: `{trace.name}`.")
         out.mkdir(parents=True, exist_ok=True)
-        page.write_text("\n".join(lines) + "\n")
+        outputs.write_atomically(page, "\n".join(lines) + "\n")  # a call cut mid-write keeps the last page
 
     def timed(name: str, call, t: float = 0.0, warm_s: float | None = None, decoder=None) -> None:
         """One row: call(n) answers n tokens and returns its cycles; its first call warms up, untimed.  decoder:
@@ -303,9 +321,14 @@ def main(argv=None) -> None:
             call(args.tokens)
             call(1)
             warm_s = time.perf_counter() - begun
+        compiled_before = compilations()
         ms, cycles = per_cycle_ms(call, args.tokens, args.repeats, args.device)
         label = name if name.endswith("step") else f"{name}, T = {t:g}"
-        rows[label] = (ms, cycles, warm_s, t, "-" if decoder is None else graphs_note(decoder))
+        note = "-" if decoder is None else graphs_note(decoder)
+        again = compilations() - compiled_before  # a shape the warm-up did not meet: its compiling was timed
+        if again:
+            note = f"**compiled {again}x while timed**" + ("" if note == "-" else f"; {note}")
+        rows[label] = (ms, cycles, warm_s, t, note)
         print(f"{label}: {ms:.2f} ms ({cycles} cycles; warm-up {warm_s:.1f} s)", flush=True)
         write_page()
 
@@ -350,13 +373,13 @@ def main(argv=None) -> None:
         timed("hf_compiled, step", lambda n: max(compiled.generate(prompt, n, 0.0).new_tokens - 1, 1), warm_s=warm_s)
     if args.profile and cuda:
         shares["our plain step"] = busy_share(
-            lambda: plain.generate(prompt, args.tokens, 0.0, method="baseline").cycles)
+            lambda n: plain.generate(prompt, n or args.tokens, 0.0, method="baseline").cycles)
         write_page()
         default = next((s[False] for s in setups if s[False][0] == "eagle_default"), None)
         if default is not None:
             decoder = engine.Decoder(target, draft_head, default[1], draft_vocab="auto")
             shares["an eagle_default cycle, T = 0"] = busy_share(
-                lambda: decoder.generate(prompt, args.tokens, 0.0, method="eagle").cycles)
+                lambda n: decoder.generate(prompt, n or args.tokens, 0.0, method="eagle").cycles)
             write_page()
             save_trace(lambda: decoder.generate(prompt, 8, 0.0, method="eagle"), trace, args.device)
         write_page()

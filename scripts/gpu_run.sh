@@ -22,7 +22,8 @@
 #     bash scripts/gpu_run.sh bundle    # here
 #     CALL=A bash scripts/gpu_run.sh    # there, as `bundle` prints it
 #
-# DEADLINE_S: seconds the whole call may take, packing included (default A 300, B 480); a stage is stopped
+# DEADLINE_S: seconds the whole call may take, packing included (default A 300, B 480; for B, `bundle` says to
+# pass the device time left less 45 s, as the machine's start may have taken what B counts on); a stage is stopped
 # (SIGINT, then killed) when it would outlast it, and what it wrote is packed as cut.  $OUT receives
 # gpu_run_CALL.md, results_CALL.tgz (the call's folder: pages, answers, logs) and machine_CALL.txt.  DEVICE
 # (default cuda), PYTHON (default python3), WORK (default runs/gpu_CALL), SHAPES (default "smollm2 vicuna7b"),
@@ -71,11 +72,12 @@ bundle() {
   for ((k = 1; k < last; k++)); do
     echo "  run  carry=[\"${parts[k]}\"]  command=\"ls -l .gpu\"  timeout_s=60"
   done
-  if [ "$last" -gt 0 ]; then
-    echo "  run  carry=[\"${parts[last]}\"]  command=\"CALL=B bash scripts/gpu_run.sh\"  timeout_s=510"
-  else
-    echo "  run  command=\"CALL=B bash scripts/gpu_run.sh\"  timeout_s=510"
-  fi
+  # the machine's start counts against the session's device time, so B may get less than its 480 s: told the
+  # time left, it stops its stages and packs before the tool would kill it with nothing packed
+  local carry_b=""
+  [ "$last" -gt 0 ] && carry_b="carry=[\"${parts[last]}\"]  "
+  echo "  run  ${carry_b}command=\"CALL=B DEADLINE_S=S bash scripts/gpu_run.sh\"  timeout_s=510"
+  echo "       (S: status's budget_left_s less 45, at most 480)"
   echo "  give_back  (or, with 4 minutes of device time left, first the head's training:" \
     "run command=\"STAGES='data train' bash scripts/gpu_train_head.sh\")"
 }

@@ -78,6 +78,37 @@ def test_the_busy_share_sums_the_device_events_alone():
     assert seconds == pytest.approx(0.0025) and count == 2
 
 
+def test_the_busy_share_leaves_the_prefill_out(monkeypatch):
+    """busy_share profiles a call of n tokens and a call of 1 and takes the difference, as the ms a cycle do: the
+    prefill's device time and wall time (an eager prefill keeps the GPU idle longer than the cycles do) drop out."""
+    import contextlib
+    import types
+
+    import torch.profiler
+
+    script = evaluation_scripts.load("gpu_cycle")
+    clock = {"now": 0.0}
+    made = {None: (0.010 + 4 * 0.005, 0.002 + 4 * 0.004, 10 + 4 * 20, 4), 1: (0.010, 0.002, 10, 0)}  # wall, busy
+    last = {}
+
+    def call(tokens):  # a prefill of 10 ms (2 ms busy, 10 events), then 5 ms cycles (4 ms busy, 20 events) each
+        last["made"] = made[tokens]
+        clock["now"] += made[tokens][0]
+        return made[tokens][3]
+
+    @contextlib.contextmanager
+    def profile(**_):
+        yield types.SimpleNamespace(profiler=types.SimpleNamespace(kineto_results=types.SimpleNamespace(
+            events=lambda: last["made"])))
+
+    monkeypatch.setattr(torch.profiler, "profile", profile)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(script.time, "perf_counter", lambda: clock["now"])
+    monkeypatch.setattr(script, "device_activity", lambda made: (made[1], made[2]))
+    share, activities = script.busy_share(call)
+    assert share == pytest.approx(0.8) and activities == pytest.approx(20)  # 4 of each cycle's 5 ms; 20 a cycle
+
+
 def test_a_refused_graph_capture_is_reported_per_row():
     """graphs_note: eager, captured graphs counted, and a refusal named, which the page then says in bold."""
     from eagle_mdsd import graphs
