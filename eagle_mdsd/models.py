@@ -211,9 +211,10 @@ def eos_token_ids(target, tokenizer=None) -> list[int]:
     """The ids that end an answer: the generation config's, the model config's and the tokenizer's (Llama-3-Instruct
     snapshots whose generation config names <|end_of_text|> alone end their turns with the tokenizer's
     <|eot_id|>, which EAGLE's scripts add)."""
-    generation = target.generation_config.eos_token_id if target.generation_config is not None else None
+    named = (getattr(part, "eos_token_id", None) for part in (target.generation_config, getattr(target, "config", None),
+                                                            tokenizer))
     found = []
-    for eos in (generation, target.config.eos_token_id, tokenizer.eos_token_id if tokenizer is not None else None):
+    for eos in named:
         found += [eos] if isinstance(eos, int) else list(eos or [])
     return list(dict.fromkeys(found))
 

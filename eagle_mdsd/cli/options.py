@@ -101,9 +101,9 @@ def model(base_model: bool = True, dtype: bool = True, device: bool = True, auto
     if dtype:
         add_dtype(parser)
     if device:
+        spread = " or auto (layers spread over the GPUs)" if auto else ""
         parser.add_argument("--device", default="cpu", type=validate.device_or_auto if auto else validate.device,
-                            help="cpu (default), cuda, cuda:N" + (" or auto (layers spread over the GPUs)" if auto
-                                                                  else ""))
+                            help=f"cpu (default), cuda, cuda:N{spread}")
     return parser
 
 
@@ -161,9 +161,8 @@ def decoding(max_new_tokens: int = 128) -> argparse.ArgumentParser:
     parser.add_argument("--method", default="eagle", choices=METHODS,
                         help="eagle, baseline (plain decoding, same loop), or transformers' hf_generate, prompt_lookup")
     parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--max-new-tokens", type=count(1), default=max_new_tokens,
-                        help=f"new tokens a turn at most (default {max_new_tokens}; EAGLE's evaluation generates up "
-                             f"to 512, Spec-Bench's up to 1024)")
+    parser.add_argument("--max-new-tokens", type=count(1), default=max_new_tokens, help=f"new tokens a turn at "
+                        f"most (default {max_new_tokens}; EAGLE's evaluation: up to 512, Spec-Bench's: 1024)")
     parser.add_argument("--seed", type=validate.seed, default=0)
     return parser
 
