@@ -101,9 +101,8 @@ def model(base_model: bool = True, dtype: bool = True, device: bool = True, auto
     if dtype:
         add_dtype(parser)
     if device:
-        spread = " or auto (layers spread over the GPUs)" if auto else ""
         parser.add_argument("--device", default="cpu", type=validate.device_or_auto if auto else validate.device,
-                            help=f"cpu (default), cuda, cuda:N{spread}")
+                            help="cpu (default), cuda, cuda:N" + " or auto (layers spread over the GPUs)" * auto)
     return parser
 
 
