@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from . import engine, models, outputs, tree as trees
+from . import engine, kernels, models, outputs, tree as trees
 from .errors import UsageError
 
 OUT_DIR = Path("runs") / "sequoia"  # where trees are written by default: under runs/, as every command's output
@@ -93,12 +93,13 @@ def measure_acceptance(decoder: engine.Decoder, prompts: list[list[int]], max_ne
 
 def time_cycle_parts(decoder: engine.Decoder, prompt: list[int], sizes=(1, 2, 4, 8, 16, 32, 64),
                      repeats: int = 5) -> dict:
-    """Median seconds of a target forward over n tree tokens after `prompt`, and of one head draft step."""
+    """Median seconds of a target forward over n tree tokens after `prompt`, and of one head draft step, on the
+    kernels the decoder's calls run."""
     device = decoder.device
     call, prompt = decoder.start(prompt, max(sizes), 1.0)
     length, dtype = len(prompt), decoder.target.dtype
     timings = {"target_s": {}, "head_step_s": 0.0}
-    with torch.inference_mode():
+    with torch.inference_mode(), kernels.packed(decoder.packed):
         call.target_cache.append(length, device)
         features = decoder.target_forward(call.target_cache, prompt, torch.arange(length, device=device))
         call.target_cache.truncate(length)
@@ -112,16 +113,17 @@ def time_cycle_parts(decoder: engine.Decoder, prompt: list[int], sizes=(1, 2, 4,
                 decoder.target_forward(call.target_cache, tokens, torch.full((n,), length, device=device), visible)
                 samples.append(time.perf_counter() - start)
             timings["target_s"][n] = sorted(samples[1:])[repeats // 2]
-        inputs = features[-8:]
-        visible = torch.zeros(8, 8, dtype=dtype, device=device)
+        rows = min(8, length)  # a draft level's rows
+        visible = torch.zeros(rows, rows, dtype=dtype, device=device)
         samples = []
         for _ in range(repeats + 1):
             start = time.perf_counter()
-            outputs = decoder.draft_model.run(call.head_cache, inputs, prompt[-8:], torch.arange(8, device=device),
-                                              visible)
+            outputs = decoder.draft_model.run(call.head_cache, features[-rows:], prompt[-rows:],
+                                              torch.arange(rows, device=device), visible)
             decoder.draft_model.distribution(outputs, 1.0)
             samples.append(time.perf_counter() - start)
             call.head_cache.truncate(0)
+        timings["head_step_s"] = sorted(samples[1:])[repeats // 2]
     return timings
 
 
@@ -133,6 +135,13 @@ def _target_seconds(timings: dict, n: int) -> float:
             return t0 + (t1 - t0) * (n - n0) / (n1 - n0)
     (n0, t0), (n1, t1) = points[-2], points[-1]
     return t1 + (t1 - t0) * (n - n1) / (n1 - n0)
+
+
+def verification_rest(profile, timings: dict, nodes: int) -> float:
+    """Seconds a cycle's verify phase spends beside the target's forward over its tree (the walk, the commit):
+    the profiled phase, less the forward over the root and `nodes` that `choose` counts by the tree's size."""
+    measured = profile.profile.get("verify", 0.0) / max(profile.cycles, 1)
+    return max(measured - _target_seconds(timings, nodes + 1), 0.0)
 
 
 def choose(acceptance: list[float], max_nodes: int, max_depth: int, timings: dict | None = None,
@@ -173,7 +182,7 @@ def build(decoder_for, tokenizer, out: Path, max_nodes: int, max_depth: int, har
     if hardware_aware:
         timings = time_cycle_parts(measuring, chosen_prompts[0])
         profile = measuring.generate(chosen_prompts[0], max_new_tokens, temperature, profile=True)
-        verify_s = profile.profile.get("verify", 0.0) / max(profile.cycles, 1)
+        verify_s = verification_rest(profile, timings, measuring.tree.size)
     best = choose(acceptance, max_nodes, max_depth, timings, verify_s or 0.0)
     record = {"paths": best["paths"],
               "description": f"Sequoia tree: {best['nodes']} nodes, depth {best['depth']}, expected "

@@ -8,6 +8,7 @@ Compiled once: nodes sorted by (depth, path), node 0 the root.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -139,10 +140,10 @@ def load(spec: str) -> Tree:
 
     The file holds either a list of paths or {"paths": [...], "description": ...}.
     """
-    path = Path(spec)
+    path, name = Path(spec), spec  # a file's tree is named by its path as given: a name means one tree
     if path.suffix != ".json":
         path = named(spec)
-        if path is None and spec.startswith("chain") and spec[5:].isdigit():
+        if path is None and re.fullmatch(r"chain[1-9][0-9]*", spec):
             return chain(int(spec[5:]))
         if path is None:
             raise UsageError(f"unknown tree {spec!r}: use one of {', '.join(names())}, chainN, or a .json file")
@@ -152,8 +153,10 @@ def load(spec: str) -> Tree:
         data = json.loads(read_text(path, "tree file"))
     except json.JSONDecodeError as error:
         raise UsageError(f"tree file {spec} is not valid JSON: {error.msg} at line {error.lineno}") from None
+    except RecursionError:
+        raise UsageError(f"tree file {spec} nests its lists too deeply to be a tree: give a list of paths") from None
     paths = data.get("paths") if isinstance(data, dict) else data
-    return compile_tree(paths, path.stem)
+    return compile_tree(paths, name)
 
 
 def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -4,6 +4,8 @@ dynamic one ('eagle2', 'opt_tree', with options as in 'eagle2:total_tokens=16,de
 
 from __future__ import annotations
 
+import re
+
 from . import dynamic, lookup
 from . import tree as static_trees
 from .errors import UsageError
@@ -73,7 +75,7 @@ def split(spec: str) -> tuple[str, int | None]:
     base, found, count = spec.rpartition(lookup.SUFFIX)
     if not found:
         return spec, None
-    tokens = int(count) if count.isdigit() else lookup.DEFAULT_TOKENS if not count else 0
+    tokens = int(count) if re.fullmatch(r"[1-9][0-9]*", count) else lookup.DEFAULT_TOKENS if not count else 0
     if not base or tokens < 1:
         raise UsageError(f"tree {spec!r}: write TREE{lookup.SUFFIX} or TREE{lookup.SUFFIX}N with N >= 1 lookup "
                          f"tokens, e.g. eagle_default{lookup.SUFFIX}10")

@@ -181,6 +181,10 @@ CASES = {
     "tree-clash": lambda tmp: ["generate", "--prompt", "hi", "--tree", (tmp / "tree_configs").mkdir()
                                or (tmp / "tree_configs" / "chain4.json").write_text("[[0]]") and "chain4"],
     "tree-lookup-twice": lambda tmp: ["generate", "--prompt", "hi", "--tree", "chain2+lookup2+lookup"],
+    "tree-digits": lambda tmp: ["generate", "--prompt", "hi", "--tree", "chain\u00b2"],
+    "tree-nested": lambda tmp: ["generate", "--prompt", "hi", "--tree",
+                                (tmp / "t.json").write_text("[" * 100000) and tmp / "t.json"],
+    "trees-twice": lambda tmp: ["benchmark", "--trees", "chain2", "chain2"],
     "drafter-unknown": lambda tmp: ["generate", "--prompt", "hi", "--drafter", "nope"],
     "pair-lossy": lambda tmp: ["generate", "--prompt", "hi", "--drafter", "with_replacement", "--verifier", "rrs_wo"],
     "drafter-fit": lambda tmp: ["generate", "--prompt", "hi", "--tree", "chain3", "--drafter", "spechub",

@@ -247,6 +247,28 @@ def test_hardware_aware_choice_trades_tokens_for_time():
     assert small["nodes"] < 20 and small["score"] > largest_rate
 
 
+def test_cycle_parts_are_timed_on_the_decoder_s_kernels_and_the_verify_rest_leaves_the_forward_out(tiny, monkeypatch):
+    """The hardware-aware choice adds a target forward over the tree and a head step a level to the rest of a
+    cycle: time_cycle_parts times both (the head step kept), on the kernels generate runs; the verify phase's rest
+    is the profiled phase less that forward, so no cycle pays for two."""
+    from eagle_mdsd import kernels
+
+    target, draft_head = tiny
+    decoder = engine.Decoder(target, draft_head, sequoia.measuring_tree(3, 2))
+    seen, forward = set(), decoder.target_forward
+
+    def watched(*args, **kwargs):
+        seen.add(kernels.PackedLinear.active)
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(decoder, "target_forward", watched)
+    timings = sequoia.time_cycle_parts(decoder, PROMPT, sizes=(1, 4), repeats=1)
+    assert seen == {decoder.packed} and timings["head_step_s"] > 0 and set(timings["target_s"]) == {1, 4}
+    profile = type("Profile", (), {"profile": {"verify": 3.0}, "cycles": 2})()
+    timings = {"target_s": {1: 0.5, 5: 1.0}, "head_step_s": 0.1}
+    assert sequoia.verification_rest(profile, timings, 3) == pytest.approx(1.5 - 0.875)  # 4 rows: 0.875 s
+
+
 def test_measured_acceptance_comes_from_the_walks(tiny):
     target, draft_head = tiny
     decoder = engine.Decoder(target, draft_head, sequoia.measuring_tree(3, 2))

@@ -64,6 +64,22 @@ def test_tree_files(tmp_path):
     with pytest.raises(ValueError, match="unknown tree 'nope'"):
         tree.load("nope")
     assert tree.load("chain9").size == 9
+    for odd in ("chain04", "chain\u0663", "chain\u00b2"):  # a chain's length in the digits 0-9, no leading 0
+        with pytest.raises(ValueError, match="unknown tree"):
+            tree.load(odd)
+
+
+def test_a_file_s_tree_is_named_by_its_path_so_it_never_passes_for_a_shipped_tree(tmp_path):
+    from eagle_mdsd.benchmark import plans
+
+    mine = tmp_path / "chain4.json"
+    mine.write_text(json.dumps([[0], [1]]))
+    assert tree.load(str(mine)).name == str(mine) and tree.load("chain4").name == "chain4"
+    topologies, _ = plans.sweep_cells(plans.SweepPlan(trees=("chain4", str(mine)), temperatures=(0.0,)))
+    assert {label: t.paths for label, t in topologies.items()} == {"chain4": ((0,), (0, 0), (0, 0, 0), (0, 0, 0, 0)),
+                                                                   str(mine): ((0,), (1,))}
+    with pytest.raises(ValueError, match="--trees names chain4 more than once"):
+        plans.sweep_cells(plans.SweepPlan(trees=("chain4", "chain4"), temperatures=(0.0,)))
 
 
 def test_a_name_finds_the_shipped_trees_from_any_folder_and_a_tree_of_tree_configs_there(tmp_path, monkeypatch):

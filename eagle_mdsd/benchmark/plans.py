@@ -130,7 +130,16 @@ def benchmark_setups(trees, drafter: str, verifier: str, sampled: tuple[str, str
             check_fits(sampled_topology, *sampled)
             setup[True] = (tree_label(sampled_topology), sampled_topology, *sampled)
         setups.append(setup)
+    _once([setup[False][0] for setup in setups])
     return setups
+
+
+def _once(labels: list[str]) -> None:
+    """One-line error where --trees names one tree twice: their answers would share one file."""
+    repeated = sorted({label for label in labels if labels.count(label) > 1})
+    if repeated:
+        raise UsageError(f"--trees names {', '.join(repeated)} more than once: give each tree once (a tree file is "
+                         f"named by its path)")
 
 
 def _sampling_topology(topology, sampling_tree: str):
@@ -151,7 +160,8 @@ def sweep_cells(plan: SweepPlan) -> tuple[dict, list[tuple]]:
     """({label: topology} of the plan's trees, [(temperature, tree label, drafter, verifier)] of every cell that
     fits); a plan with no cell that fits is a one-line error."""
     pairs = plan.pairs or verification.pairs()
-    loaded = (tree_specs.load(tree, plan.device) for tree in plan.trees)
+    loaded = [tree_specs.load(tree, plan.device) for tree in plan.trees]
+    _once([tree_label(topology) for topology in loaded])
     topologies = {tree_label(topology): topology for topology in loaded}
     for drafter, verifier in pairs:
         verification.check_pair(drafter, verifier)
