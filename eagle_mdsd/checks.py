@@ -40,10 +40,11 @@ def greedy_equivalence(rows_file: Path, question_count: int = 5, max_new_tokens:
     # bad names: now, before any model loads
     topologies = {name: None if name in NOT_TREES else tree_specs.load(name, device) for name in trees}
     torch_dtypes = {dtype: models.parse_dtype(dtype) for dtype in dtypes}
-    done = {}
+    done, made = {}, {"max_new_tokens": max_new_tokens, "head": head_spec}  # rows of other settings: not reused
     jsonl.drop_cut_short_line(rows_file)
     for row in jsonl.records(rows_file):
-        done[(row["dtype"], row["question_id"], row["tree"])] = row
+        if all(row.get(key) == value for key, value in made.items()):
+            done[(row["dtype"], row["question_id"], row["tree"])] = row
     chosen = questions.load("mt_bench")[:question_count]
     for dtype in dtypes:
         todo = [(q, t) for q in chosen for t in trees if (dtype, q["question_id"], t) not in done]
@@ -54,13 +55,11 @@ def greedy_equivalence(rows_file: Path, question_count: int = 5, max_new_tokens:
         eos = models.eos_token_ids(target, tokenizer)
         references = {}
         compiled = peers.CompiledPeer(target, eos) if peers.COMPILED in trees else None
+        reference_peer = peers.TransformersPeer(target, eos)
         for question, tree_name in tqdm(todo, desc=f"greedy check {dtype}"):
             prompt = models.chat_prompt_ids(tokenizer, question["turns"][0])
-            if question["question_id"] not in references:
-                with torch.inference_mode():
-                    out = target.generate(torch.tensor([prompt], device=target.device), max_new_tokens=max_new_tokens,
-                                          do_sample=False)
-                references[question["question_id"]] = out[0, len(prompt):].tolist()
+            if question["question_id"] not in references:  # greedy `generate`, stopping where the engine stops
+                references[question["question_id"]] = reference_peer.generate(prompt, max_new_tokens, 0.0).token_ids
             reference = references[question["question_id"]]
             topology = topologies[tree_name]
             if tree_name == peers.COMPILED:
@@ -70,7 +69,7 @@ def greedy_equivalence(rows_file: Path, question_count: int = 5, max_new_tokens:
                                          kernels_choice=kernels_choice)
                 result = decoder.generate(prompt, max_new_tokens, 0.0,
                                           method="baseline" if topology is None else "eagle")
-            row = {"dtype": dtype, "question_id": question["question_id"], "tree": tree_name,
+            row = made | {"dtype": dtype, "question_id": question["question_id"], "tree": tree_name,
                    "identical": result.token_ids == reference, "tokens": result.new_tokens,
                    "first_difference": first_difference(result.token_ids, reference), "tau": result.tau}
             rows_file.parent.mkdir(parents=True, exist_ok=True)  # a target that fails to load leaves nothing

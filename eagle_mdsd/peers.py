@@ -37,6 +37,17 @@ def clock(device: torch.device):
     return now
 
 
+def plain_generate(model, prompt: torch.Tensor, config: GenerationConfig, **kwargs) -> torch.Tensor:
+    """model.generate(prompt, generation_config=config) with nothing taken from the model's own generation config:
+    transformers fills every field a call leaves unset from it (a hub checkpoint's repetition_penalty, min_p,
+    no_repeat_ngram_size, ...), and the peers decode plain greedy or plain sampling."""
+    kept, model.generation_config = model.generation_config, GenerationConfig()
+    try:
+        return model.generate(prompt, attention_mask=torch.ones_like(prompt), generation_config=config, **kwargs)
+    finally:
+        model.generation_config = kept
+
+
 class TransformersPeer:
     """transformers' own decoding of `target`: `hf_generate` or `prompt_lookup`."""
 
@@ -93,8 +104,7 @@ class TransformersPeer:
             torch.manual_seed(seed)  # generate samples from the global generator
             start = now()
             with torch.inference_mode():
-                output = self.target.generate(prompt, attention_mask=torch.ones_like(prompt),
-                                              generation_config=config)
+                output = plain_generate(self.target, prompt, config)
             wall = now() - start
         finally:
             hook.remove()
@@ -165,8 +175,7 @@ class CompiledPeer(TransformersPeer):
         start = now()
         try:
             with torch.inference_mode():
-                self.target.generate(prompt, attention_mask=torch.ones_like(prompt), generation_config=config,
-                                     stopping_criteria=[_StopAfter(prompt.shape[1], 4)])
+                plain_generate(self.target, prompt, config, stopping_criteria=[_StopAfter(prompt.shape[1], 4)])
         except torch._dynamo.exc.BackendCompilerFailed as error:  # the machine's compiler (inductor wraps its own)
             raise UsageError(f"{COMPILED}: torch.compile failed on {prompt.device.type} ({compiler_failure(error)}): "
                              f"drop {COMPILED} from the methods, or run where inductor compiles (a C++ compiler on a "
@@ -192,7 +201,7 @@ class CompiledPeer(TransformersPeer):
         torch.manual_seed(seed)  # generate samples from the global generator
         start = now()
         with torch.inference_mode():
-            output = self.target.generate(prompt, attention_mask=torch.ones_like(prompt), generation_config=config)
+            output = plain_generate(self.target, prompt, config)
         wall = now() - start
         tokens = self.answer_tokens(output, prompt)
         cycles = max(len(tokens) - 1, 0)  # one token a forward; the first comes from the prefill

@@ -97,6 +97,44 @@ def test_answer_files_read_as_spec_bench_reads_them(tmp_path, small_chat_model):
     assert "tokens/s, mean of questions" in report.markdown(entries)
 
 
+def test_the_peers_and_the_greedy_check_decode_plainly_whatever_the_model_s_generation_config(tmp_path):
+    """transformers fills what a call leaves unset from the model's generation config (a hub checkpoint's
+    repetition_penalty, ...): the peers and check-greedy's reference decode plain greedy all the same, and
+    check-greedy reuses rows of its own settings only."""
+    from tokenizers import Tokenizer, models as token_models, pre_tokenizers
+    from transformers import GenerationConfig, PreTrainedTokenizerFast
+
+    from eagle_mdsd import checks
+
+    words = ["<unk>", "<eos>"] + [f"w{i}" for i in range(14)]  # 16 tokens: a random model's greedy answer repeats
+    tokenizer = Tokenizer(token_models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>", eos_token="<eos>")
+    fast.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+    torch.manual_seed(0)
+    target = LlamaForCausalLM(LlamaConfig(vocab_size=16, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                          eos_token_id=1, tie_word_embeddings=False)).eval()
+    target.generation_config = GenerationConfig(repetition_penalty=1.3, no_repeat_ngram_size=2, min_new_tokens=5,
+                                                eos_token_id=1)
+    target.save_pretrained(tmp_path / "target")
+    fast.save_pretrained(tmp_path / "target")
+    prompt = [2, 3, 4, 5]
+    plain = engine.Decoder(target, eos_token_ids=[1]).generate(prompt, 12, method="baseline").token_ids
+    with torch.inference_mode():  # what a bare generate call decodes on this model: not greedy
+        configured = target.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False)[0, len(prompt):]
+    assert configured.tolist() != plain
+    peer = peers.TransformersPeer(target, eos_token_ids=[1])
+    assert peer.generate(prompt, 12).token_ids == peer.generate(prompt, 12, method="prompt_lookup").token_ids == plain
+    assert target.generation_config.repetition_penalty == 1.3  # the model's own config is left as it was
+    settings = dict(question_count=1, trees=(checks.BASELINE, "chain2"), dtypes=("float32",),
+                    base_model=str(tmp_path / "target"))
+    rows = checks.greedy_equivalence(tmp_path / "rows.jsonl", max_new_tokens=6, **settings)
+    assert [row["identical"] for row in rows] == [True, True]
+    longer = checks.greedy_equivalence(tmp_path / "rows.jsonl", max_new_tokens=9, **settings)
+    assert [row["identical"] for row in longer] == [True, True] and longer[0]["max_new_tokens"] == 9  # anew
+
+
 def test_second_turn_sees_the_first_answer(small_chat_model):
     _, tokenizer = small_chat_model
     ids = bench.conversation_ids(tokenizer, ["Say hi.", "Again."], ["hi"])
