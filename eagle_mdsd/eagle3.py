@@ -205,13 +205,20 @@ def load(raw: dict, state: dict, target, source: str) -> Eagle3Head:
     return head.to(dtype=target.dtype, device=target.device).eval()
 
 
+def rope_theta(config) -> float:
+    """The RoPE base of a config, written top-level on export too: transformers 5 keeps it in rope_parameters, and
+    readers of the released layout (SGLang, vLLM, EAGLE's code) take rope_theta, else 10000."""
+    return getattr(config, "rope_theta", None) or (getattr(config, "rope_parameters", None) or {}).get("rope_theta")
+
+
 def save(head: Eagle3Head, folder) -> Path:
     """Write the released layout: config.json (LlamaForCausalLMEagle3) and model.safetensors."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     config = {name: getattr(head.config, name) for name in CONFIG_NAMES if getattr(head.config, name, None) is not None}
     config.update({"architectures": [ARCHITECTURE], "model_type": "llama", "num_hidden_layers": 1,
-                   "draft_vocab_size": head.config.draft_vocab_size, "target_hidden_size": head.target_hidden})
+                   "draft_vocab_size": head.config.draft_vocab_size, "target_hidden_size": head.target_hidden,
+                   "rope_theta": rope_theta(head.config)})
     (folder / "config.json").write_text(json.dumps(config, indent=2, default=str) + "\n")
     write_weights({k: v for k, v in head.state_dict().items() if "rotary_emb" not in k}, folder, safetensors=True)
     return folder

@@ -184,7 +184,8 @@ def save_head(head: EagleHead, folder, target=None, safetensors: bool = False) -
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     config = head.config.to_dict()
-    config.update({"bias": head.bias, "num_hidden_layers": len(head.layers), "architectures": ["LlamaForCausalLM"]})
+    config.update({"bias": head.bias, "num_hidden_layers": len(head.layers), "architectures": ["LlamaForCausalLM"],
+                   "rope_theta": eagle3.rope_theta(head.config)})  # top-level, as released heads and readers have it
     config.pop("_attn_implementation_autoset", None)
     (folder / "config.json").write_text(json.dumps(config, indent=2, default=str) + "\n")
     state = dict(head.state_dict())

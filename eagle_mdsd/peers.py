@@ -37,13 +37,16 @@ def clock(device: torch.device):
     return now
 
 
-def plain_generate(model, prompt: torch.Tensor, config: GenerationConfig, **kwargs) -> torch.Tensor:
+def plain_generate(model, prompt: torch.Tensor, config: GenerationConfig, attention_mask=None,
+                   **kwargs) -> torch.Tensor:
     """model.generate(prompt, generation_config=config) with nothing taken from the model's own generation config:
     transformers fills every field a call leaves unset from it (a hub checkpoint's repetition_penalty, min_p,
-    no_repeat_ngram_size, ...), and the peers decode plain greedy or plain sampling."""
+    no_repeat_ngram_size, ...), and the peers (and the training stages' answers) decode plain greedy or plain
+    sampling.  attention_mask: ones where None (a batch of one, unpadded)."""
     kept, model.generation_config = model.generation_config, GenerationConfig()
+    mask = torch.ones_like(prompt) if attention_mask is None else attention_mask
     try:
-        return model.generate(prompt, attention_mask=torch.ones_like(prompt), generation_config=config, **kwargs)
+        return model.generate(prompt, attention_mask=mask, generation_config=config, **kwargs)
     finally:
         model.generation_config = kept
 

@@ -63,6 +63,17 @@ def test_a_head_naming_its_target_layers_loads_only_where_they_are_the_ones_it_i
             head.load_head(str(folder), target)
 
 
+def test_exported_heads_name_their_rope_base_where_other_readers_look(tiny3, tmp_path, monkeypatch):
+    """transformers 5 keeps the RoPE base in rope_parameters; SGLang, vLLM and EAGLE's code read rope_theta and
+    take 10000 without it, so both exports write it top-level, and it loads back the same."""
+    target, draft_head = tiny3
+    monkeypatch.setattr(target.config, "rope_parameters", {"rope_type": "default", "rope_theta": 12345.0})
+    for folder in (eagle3.save(eagle3.random_head(target, draft_vocab_size=3), tmp_path / "eagle3"),
+                   head.save_head(head.random_head(target), tmp_path / "eagle1")):
+        assert json.loads((folder / "config.json").read_text())["rope_theta"] == 12345.0
+        assert eagle3.rope_theta(head.load_head(str(folder), target).config) == 12345.0
+
+
 def test_a_head_that_does_not_fit_is_a_one_line_error_naming_the_field(tiny3, tmp_path):
     target, draft_head = tiny3
     folder = eagle3.save(draft_head, tmp_path / "head")

@@ -768,3 +768,19 @@ esac
         assert any(_options(call) == _options(expected) for call in calls), trained
     assert ["train-head", "export", "--run", f"{run}/finish"] in calls
     assert sum(call[:2] == ["train-head", "evaluate"] for call in calls) == 2
+
+
+def test_the_data_stage_answers_plainly_and_stops_at_every_eos():
+    """Training answers are the target's plain greedy ones, whatever its generation config adds (a hub checkpoint's
+    repetition_penalty), and end at the EOS ids the decoder stops at, the tokenizer's among them."""
+    from transformers import GenerationConfig
+
+    from eagle_mdsd import engine
+
+    target = tiny_target(vocab=16, layers=1).float()
+    prompt = [3, 5, 7]
+    plain = engine.Decoder(target).generate(prompt, 10, method="baseline").token_ids
+    stop = plain[4]  # a token the plain answer reaches: the answer ends with it
+    target.generation_config = GenerationConfig(repetition_penalty=1.5, no_repeat_ngram_size=2, eos_token_id=None)
+    answer = training._generate(target, [prompt], 10, pad_id=0, eos=[stop])[0]
+    assert answer == plain[: plain.index(stop) + 1]

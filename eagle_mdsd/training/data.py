@@ -16,8 +16,9 @@ from pathlib import Path
 
 import torch
 from tqdm import tqdm
+from transformers import GenerationConfig
 
-from .. import models
+from .. import models, peers
 from ..errors import UsageError
 from .budget import Budget
 from .prompts import load_prompts
@@ -51,7 +52,7 @@ def _features(target, sequences: list[list[int]], pad_id: int, layers=None) -> l
 
 
 def _generate(target, prompts: list[list[int]], max_new_tokens: int, pad_id: int, temperature: float = 0.0,
-              seed: int = 0, **generate_options) -> list[list[int]]:
+              seed: int = 0, eos=None, **generate_options) -> list[list[int]]:
     """Responses, batched with left padding: greedy, or sampled at `temperature` (plain sampling, no top-k or
     top-p) from torch's generator seeded with `seed`; `generate_options` go to `target.generate` as they are."""
     length = max(len(p) for p in prompts)
@@ -64,9 +65,11 @@ def _generate(target, prompts: list[list[int]], max_new_tokens: int, pad_id: int
     if temperature > 0:
         sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
         torch.manual_seed(seed)
-    out = target.generate(ids.to(target.device), attention_mask=mask.to(target.device), **sampling,
-                          max_new_tokens=max_new_tokens, pad_token_id=pad_id, **generate_options)
-    eos = set(models.eos_token_ids(target))
+    eos = set(eos if eos is not None else models.eos_token_ids(target))
+    config = GenerationConfig(**sampling, max_new_tokens=max_new_tokens, pad_token_id=pad_id,
+                              eos_token_id=sorted(eos) or None)
+    out = peers.plain_generate(target, ids.to(target.device), config, attention_mask=mask.to(target.device),
+                               **generate_options)
     rows = out[:, length:].tolist()
     return [row[: next((i + 1 for i, t in enumerate(row) if t in eos), len(row))] for row in rows]
 
@@ -176,7 +179,7 @@ def _shard_samples(target, tokenizer, chunk: list[dict], recipe: DataRecipe, see
         prompt_ids, batch = [ids for ids, _ in encoded], [item for _, item in encoded]
         with torch.inference_mode():
             responses = _generate(target, prompt_ids, recipe.max_new_tokens, pad_id, recipe.temperature,
-                                  seed=seed + batch_start)
+                                  seed=seed + batch_start, eos=models.eos_token_ids(target, tokenizer))
             sequences = [p + r for p, r in zip(prompt_ids, responses)]
             starts = [len(p) for p in prompt_ids]
             if recipe.mix_reference:

@@ -8,9 +8,10 @@ import random
 from pathlib import Path
 
 import torch
+from transformers import GenerationConfig
 
 from ..errors import MissingFile
-from .. import eagle3, models, questions
+from .. import eagle3, models, peers, questions
 from .. import head as head_module
 from .batching import _collate
 from .data import target_features
@@ -57,11 +58,13 @@ def teacher_forced(draft_head, target, tokenizer, prompts: list[str], max_new_to
     size = resolve_draft_vocab(draft_head, "auto")
     rows = None if size is None else torch.tensor(sorted(draft_head.draft_vocab[:size]))
     layers = getattr(draft_head, "feature_layers", None)
+    eos = models.eos_token_ids(target, tokenizer)
     hits = accepted = total = 0
     for prompt in prompts:
         ids = models.chat_prompt_ids(tokenizer, prompt)
         with torch.inference_mode():
-            sequence = target.generate(torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False)[0]
+            sequence = peers.plain_generate(target, torch.tensor([ids]), GenerationConfig(
+                max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos or None))[0]
             features = target_features(target, sequence[None], layers=layers)[0]
         scores = depth1_scores(draft_head, target, {"ids": sequence, "start": len(ids), "features": features}, rows)
         hits, accepted, total = hits + scores[0], accepted + scores[1], total + scores[2]

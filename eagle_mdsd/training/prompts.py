@@ -15,8 +15,9 @@ from pathlib import Path
 
 import torch
 from tqdm import tqdm
+from transformers import GenerationConfig
 
-from .. import jsonl, models, questions, validate
+from .. import jsonl, models, peers, questions, validate
 from ..errors import MissingFile, UsageError, read_text
 from .budget import Budget
 
@@ -226,7 +227,7 @@ def _sampled_messages(target, tokenizer, prefix_ids: list[int], batch_size: int,
     prefix = torch.tensor([prefix_ids] * batch_size, device=target.device)
     torch.manual_seed(seed)
     with torch.inference_mode():
-        out = target.generate(prefix, attention_mask=torch.ones_like(prefix), do_sample=True, temperature=1.0,
-                              top_k=0, top_p=1.0, max_new_tokens=max_tokens, eos_token_id=sorted(stop),
-                              pad_token_id=pad_id)
+        out = peers.plain_generate(target, prefix, GenerationConfig(
+            do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=max_tokens,
+            eos_token_id=sorted(stop), pad_token_id=pad_id))
     return out[:, prefix.shape[1]:].tolist()
