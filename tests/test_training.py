@@ -472,11 +472,13 @@ def test_a_checkpoint_resumes_only_with_the_options_it_was_trained_with(tmp_path
     state = recipe.saved() | {"step": 3, "log": []}
     training.check_resumable(checkpoint, state, dataclasses.replace(recipe, lr=1.0, epochs=3))  # not recorded
     for changed, message in ((dict(unroll=1), "--unroll 2, not 1"), (dict(data_from=()), "--data-from a b, not (none)"),
-                             (dict(draft_vocab=None), "--draft-vocab 64, not full")):
+                             (dict(draft_vocab=None), "--draft-vocab 64, not full"),
+                             (dict(tokens_per_batch=24), "--tokens-per-batch 4096, not 24")):  # batches counted
         with pytest.raises(UsageError, match=rf"{checkpoint} was trained with {re.escape(message)}: pass the same"):
             training.check_resumable(checkpoint, state, dataclasses.replace(recipe, **changed))
     recorded_nothing = {"step": 3, "log": []}  # the defaults are what such a checkpoint was trained with
     training.check_resumable(checkpoint, recorded_nothing, training.TrainRecipe())
+    training.check_resumable(checkpoint, recorded_nothing, training.TrainRecipe(tokens_per_batch=24))  # unknown
     with pytest.raises(UsageError, match="--seed 0, not 1"):
         training.check_resumable(checkpoint, recorded_nothing, training.TrainRecipe(seed=1))
 
@@ -784,3 +786,16 @@ def test_the_data_stage_answers_plainly_and_stops_at_every_eos():
     target.generation_config = GenerationConfig(repetition_penalty=1.5, no_repeat_ngram_size=2, eos_token_id=None)
     answer = training._generate(target, [prompt], 10, pad_id=0, eos=[stop])[0]
     assert answer == plain[: plain.index(stop) + 1]
+
+
+def test_a_data_stage_refuses_to_continue_on_a_prompt_list_that_changed(tmp_path):
+    """Finished shards hold the first prompts of one shuffle; a list that grew since (more self-written prompts)
+    shuffles otherwise, and continuing would answer some prompts twice and skip others."""
+    prompts = [{"prompt": f"Write about topic {i}."} for i in range(8)]
+    recipe = training.DataRecipe(shard_size=4)
+    data = tmp_path / "data"
+    first = training.data._recorded_prompts(data, list(prompts), ["p.jsonl"], recipe, "float32")
+    assert training.data._recorded_prompts(data, list(prompts), ["p.jsonl"], recipe, "float32") == first
+    grown = prompts + [{"prompt": f"Write about topic {i}."} for i in range(8, 16)]
+    with pytest.raises(UsageError, match=r"answers the 8 prompts its sources held when it began, and they now hold 16"):
+        training.data._recorded_prompts(data, grown, ["p.jsonl"], recipe, "float32")

@@ -8,6 +8,7 @@ resumes; it must make its answers the same way (`check_data_record`).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import random
@@ -159,11 +160,19 @@ def _recorded_prompts(data_dir: Path, prompts: list[dict], prompt_paths, recipe:
     checking a rerun's record against the recipe and writing the record."""
     data_dir.mkdir(parents=True, exist_ok=True)
     record = data_dir / "prompts.json"
+    digest = hashlib.sha256(json.dumps(prompts, sort_keys=True).encode()).hexdigest()
     if record.exists():
-        check_data_record(data_dir, json.loads(record.read_text()), recipe)
+        made = json.loads(record.read_text())
+        check_data_record(data_dir, made, recipe)
+        if made.get("digest", digest) != digest:  # the shuffle of another list: its shards would not continue these
+            raise UsageError(f"{data_dir} answers the {made.get('pool', made['count'])} prompts its sources held "
+                             f"when it began, and they now hold {len(prompts)} or others: answer them into "
+                             f"another --run (train-head train takes both with --data-from)")
     random.Random(recipe.seed).shuffle(prompts)
+    pool = len(prompts)
     prompts = prompts[:recipe.max_prompts] if recipe.max_prompts else prompts
-    record.write_text(json.dumps({"count": len(prompts), "seed": recipe.seed, "shard_size": recipe.shard_size,
+    record.write_text(json.dumps({"count": len(prompts), "pool": pool, "digest": digest, "seed": recipe.seed,
+                                  "shard_size": recipe.shard_size,
                                   "sources": [str(p) for p in prompt_paths], "temperature": recipe.temperature,
                                   "sort_by_length": recipe.sort_by_length, "features": recipe.features,
                                   "dtype": dtype}))

@@ -49,9 +49,12 @@ class TrainRecipe:
     format: str = "eagle1"
 
     # The options a resumed run must share with its checkpoint (`saved`), with the value a checkpoint that does
-    # not record one was trained with.
+    # not record one was trained with (UNRECORDED: unknown, so not checked; a resumed epoch's batches are counted
+    # in batches of tokens_per_batch, so another size would skip or repeat samples).
+    UNRECORDED = "unrecorded"
     CHECKPOINT_DEFAULTS = {"seed": 0, "data_from": [], "unroll": 1, "init_from": None, "token_weight": 0.1,
-                           "draft_vocab": "full", "token_loss": "ce", "format": "eagle1"}
+                           "draft_vocab": "full", "token_loss": "ce", "format": "eagle1",
+                           "tokens_per_batch": UNRECORDED}
 
     def __post_init__(self):
         if self.draft_vocab is not None and self.draft_vocab < 1:
@@ -75,7 +78,7 @@ class TrainRecipe:
         return {"seed": self.seed, "data_from": list(self.data_from), "unroll": self.unroll,
                 "init_from": self.init_from, "token_weight": self.token_weight,
                 "draft_vocab": "full" if self.draft_vocab is None else self.draft_vocab,
-                "token_loss": self.token_loss, "format": self.format}
+                "token_loss": self.token_loss, "format": self.format, "tokens_per_batch": self.tokens_per_batch}
 
 
 def schedule_position(step: int, total_steps: int, scheduled_s: float = 0.0,
@@ -106,7 +109,7 @@ def check_resumable(checkpoint: Path, saved_state: dict, recipe: TrainRecipe) ->
     was trained with: the rerun would continue another run's head and schedule."""
     for name, value in recipe.saved().items():
         trained_with = saved_state.get(name, TrainRecipe.CHECKPOINT_DEFAULTS[name])
-        if trained_with != value:
+        if trained_with != value and trained_with != TrainRecipe.UNRECORDED:
             option = "--" + name.replace("_", "-")
             raise UsageError(f"{checkpoint} was trained with {option} {_option_text(trained_with)}, not "
                              f"{_option_text(value)}: pass the same to resume it, or use another --run")
