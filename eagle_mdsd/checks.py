@@ -12,7 +12,6 @@ from __future__ import annotations
 import datetime
 from pathlib import Path
 
-import torch
 from tqdm import tqdm
 
 from . import benchmarks, engine, head, jsonl, models, peers, questions, tree_specs

@@ -55,7 +55,8 @@ def _features(target, sequences: list[list[int]], pad_id: int, layers=None) -> l
 def _generate(target, prompts: list[list[int]], max_new_tokens: int, pad_id: int, temperature: float = 0.0,
               seed: int = 0, eos=None, **generate_options) -> list[list[int]]:
     """Responses, batched with left padding: greedy, or sampled at `temperature` (plain sampling, no top-k or
-    top-p) from torch's generator seeded with `seed`; `generate_options` go to `target.generate` as they are."""
+    top-p) from torch's generator seeded with `seed`, each ended at its first id of `eos` (None: the model's own,
+    `models.eos_token_ids` without a tokenizer); `generate_options` go to `target.generate` as they are."""
     length = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), length), pad_id, dtype=torch.long)
     mask = torch.zeros(len(prompts), length, dtype=torch.long)
@@ -182,13 +183,13 @@ def _recorded_prompts(data_dir: Path, prompts: list[dict], prompt_paths, recipe:
 def _shard_samples(target, tokenizer, chunk: list[dict], recipe: DataRecipe, seed: int) -> tuple[list, list]:
     """One shard's samples (token ids, where the answer starts, and the features unless the recipe says not) and
     the target's answers; a batch's seed is `seed` plus its first index, so a rerun repeats it."""
-    pad_id = models.pad_token_id(tokenizer)
+    pad_id, eos = models.pad_token_id(tokenizer), models.eos_token_ids(target, tokenizer)
     samples, answers = [], []
     for batch_start, encoded in _shard_batches(chunk, tokenizer, recipe):
         prompt_ids, batch = [ids for ids, _ in encoded], [item for _, item in encoded]
         with torch.inference_mode():
             responses = _generate(target, prompt_ids, recipe.max_new_tokens, pad_id, recipe.temperature,
-                                  seed=seed + batch_start, eos=models.eos_token_ids(target, tokenizer))
+                                  seed=seed + batch_start, eos=eos)
             sequences = [p + r for p, r in zip(prompt_ids, responses)]
             starts = [len(p) for p in prompt_ids]
             if recipe.mix_reference:
