@@ -1,7 +1,7 @@
 """Timing of the core on this machine: one node's drafting and verification, and alpha*.
 
-Results go to evaluation/results/ as JSON and a markdown table, stamped with
-the date and the machine.  Timings are medians over repeated calls after a
+Results go to --out (default runs/bench-core) as JSON and a markdown table,
+stamped with the date and the machine.  Timings are medians over repeated calls after a
 warm-up; they are measurements, not assertions (the project's targets are in docs/benchmarks.md).
 """
 

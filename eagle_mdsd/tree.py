@@ -1,4 +1,5 @@
-"""Static draft-tree topologies: validation and the buffers the engine uses.
+"""Static draft-tree topologies: validation, loading and the shipped tree files (the engine's buffers are
+cycle.py's TreeBuffers).
 
 A topology is a list of paths; path [0, 1] is the second child of the first
 child of the root.  The root is the token already sampled from the target.

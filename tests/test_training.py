@@ -759,7 +759,8 @@ esac
 
     calls = [line.split()[2:] for line in (tmp_path / "calls").read_text().splitlines()]  # after -m eagle_mdsd.cli
     recipe = (root / "docs" / "training.md").read_text().replace("runs/repro", str(run))
-    documented = [line.split()[1:] for line in recipe.splitlines() if line.strip().startswith("eagle-mdsd train-head")]
+    commands = (line.strip().removeprefix(".venv/bin/") for line in recipe.splitlines())
+    documented = [line.split()[1:] for line in commands if line.startswith("eagle-mdsd train-head")]
     for seed in range(2, 11):
         for stage in ("prompts", "data"):
             loop = next(words for words in documented if words[1:2] == [stage] and "self$S" in " ".join(words))
