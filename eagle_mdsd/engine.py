@@ -11,6 +11,7 @@ forwards (the prefill excluded) and new tokens include the one sampled from the 
 
 from __future__ import annotations
 
+import gc
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -136,12 +137,13 @@ class Decoder:
 
     def _caches(self, capacity: int, method: str):
         """A call's caches: the kept pair if it holds the call, else a new pair of its capacity rounded up to 256,
-        which replaces the kept one with its cycles and their graphs.  One pair is kept, so memory holds the
-        longest call's; a shorter call attends over its own span of it, not over the capacity (cache.py)."""
+        which replaces the kept one with its cycles and their graphs.  Memory holds the longest call's pair; a
+        shorter call attends over its own span of it, not over the capacity (cache.py)."""
         if self.caches is None or self.caches[0].capacity < capacity:
-            for cycle in self.cycles.values() if self.graphs is not None else ():
-                self.graphs.forget(id(cycle))
-            self.cycles, self.caches = {}, None  # the old pair's memory goes before the new pair's is taken
+            for owner in map(id, self.cycles.values() if self.graphs is not None else ()):  # (no cycle kept here)
+                self.graphs.forget(owner)
+            self.cycles, self.caches = {}, None
+            gc.collect()  # a cache and its layers refer to each other: the old pair goes before the new is taken
             capacity = -(-capacity // 256) * 256
             self.caches = (KVCache(self.target.config.num_hidden_layers, capacity),
                            None if self.draft_model is None else self.draft_model.new_cache(capacity))
@@ -156,9 +158,8 @@ class Decoder:
         _check_call(self, len(prompt), max_new_tokens, temperature, method)
         # a cycle may run past max_new_tokens by a path, and the loop queues one cycle ahead
         extra = self.tree.size + self.tree.max_depth + 1 if method == "eagle" else 1
-        capacity = len(prompt) + max_new_tokens + 2 * extra + 2
-        call = Call(temperature, seed, *self._caches(capacity, method), PhaseTimer(profile, self.device))
-        return call, prompt
+        caches = self._caches(len(prompt) + max_new_tokens + 2 * extra + 2, method)
+        return Call(temperature, seed, *caches, PhaseTimer(profile, self.device)), prompt
 
     def generate(self, prompt_ids, max_new_tokens: int = 128, temperature: float = 0.0, seed: int = 0,
                  method: str = "eagle", profile: bool = False) -> GenerationResult:
@@ -170,7 +171,9 @@ class Decoder:
         start, captured = time.perf_counter(), self.graphs.seconds if self.graphs else 0.0
         # emptied; a call started before a longer one replaced its caches takes the new ones
         call.target_cache, call.head_cache = self._caches(call.target_cache.capacity, method)
-        cycle = self._cycle(call, method)
+        if method not in self.cycles:  # kept, so that its captured graphs replay
+            self.cycles[method] = cycle_module.Cycle(self, self.tree, call.target_cache, call.head_cache, method)
+        cycle = self.cycles[method]
         generator = cycle.generator.manual_seed(call.seed)  # its graphs draw from it: it takes the call's seed
         root, features = self._prefill(call, prompt, generator)
         root_id = root.tolist()[0]
@@ -184,11 +187,6 @@ class Decoder:
         result.wall_time_s = time.perf_counter() - start - result.graph_capture_s
         result.profile = dict(call.timer.seconds)
         return result
-
-    def _cycle(self, call: Call, method: str) -> cycle_module.Cycle:
-        if method not in self.cycles:
-            self.cycles[method] = cycle_module.Cycle(self, self.tree, call.target_cache, call.head_cache, method)
-        return self.cycles[method]
 
     def _prefill(self, call: Call, prompt, generator) -> tuple[torch.Tensor, torch.Tensor]:
         """The target reads the prompt, as its `generate` does; the head reads its pairs but the last, which the

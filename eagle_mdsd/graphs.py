@@ -8,8 +8,9 @@ writes into the same output tensors every time; the graphs share one memory pool
 (or copies) a graph's outputs before the next replay of any graph.
 
 Capture happens on a graph's first call and its seconds are counted apart (`seconds`), so that the
-decoder can keep them out of the timed region.  If the stock modules refuse capture, the error is
-said once, in one line, and the calls run eagerly.
+decoder can keep them out of the timed region.  If the stock modules refuse capture, the command ends in one
+line naming --cuda-graphs off: a failed capture leaves CUDA's generator and the capture stream in capture mode,
+so no eager fallback could run on in that process.
 
 Beside the graphs, what a cycle needs of the device to keep it busy: the generator its graphs draw from
 (`generator`) and the copy of its small result to the host that lets the host queue work before it waits
@@ -19,8 +20,8 @@ Beside the graphs, what a cycle needs of the device to keep it busy: the generat
 from __future__ import annotations
 
 import contextlib
+import gc
 import time
-import warnings
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -68,8 +69,7 @@ class Graphs:
     def __init__(self):
         self.entries: dict = {}
         self.seconds = 0.0  # spent warming up and capturing
-        self.refused: str | None = None  # why capture failed, after which every call runs eagerly
-        self.pool = None
+        self.pool = None  # the memory pool this object's graphs share; a new one once they are all forgotten
 
     def run(self, key, function, *inputs, generator: torch.Generator | None = None):
         """key: (what, the id of the object whose buffers the function uses, ...), as `forget` reads it.
@@ -77,20 +77,15 @@ class Graphs:
         the first replay draws what an eager call would."""
         entry = self.entries.get(key)
         if entry is None:
-            if self.refused is not None:
-                return function(*inputs)
             start = time.perf_counter()
             state = None if generator is None else generator.get_state()
             buffers = self._warm_up(function, inputs)  # an error here is the call's own: it is raised
             try:
                 entry = self._capture(function, buffers)
             except self.refusals as error:  # the stock modules did something capture does not allow
-                self.refused = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-                warnings.warn(f"CUDA graph capture failed ({self.refused}); running eagerly: pass --cuda-graphs off "
-                              f"to skip the attempt", stacklevel=2)
-                torch.cuda.synchronize()
-                _restore(generator, state)
-                return function(*inputs)
+                why = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+                raise UsageError(f"CUDA graph capture failed ({why}): run with --cuda-graphs off (a process whose "
+                                 f"capture failed cannot go on on CUDA)") from error
             finally:
                 self.seconds += time.perf_counter() - start
             _restore(generator, state)
@@ -103,8 +98,12 @@ class Graphs:
 
     def forget(self, owner: int) -> None:
         """Drop the graphs captured on the buffers of the object of id `owner` (about to be let go): their memory
-        goes back to the pool, and a later object given the same id never replays them."""
+        goes back to the pool, and a later object given the same id never replays them.  Once none is left the
+        pool goes too: CUDA refuses to capture into a pool no graph holds while tensors made in it live on (a
+        cache's slots, until the garbage collector frees the cache), so the next capture takes a new one."""
         self.entries = {key: entry for key, entry in self.entries.items() if key[1] != owner}
+        if not self.entries:
+            self.pool = None
 
     @staticmethod
     def _warm_up(function, inputs):
@@ -122,8 +121,14 @@ class Graphs:
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            outputs = function(*buffers)
+        collecting = gc.isenabled()
+        gc.disable()  # a collection inside the capture could free another graph, which a capturing stream refuses
+        try:
+            with torch.cuda.graph(graph, pool=self.pool):
+                outputs = function(*buffers)
+        finally:
+            if collecting:
+                gc.enable()
         torch.cuda.synchronize()
         return buffers, graph, outputs
 

@@ -15,8 +15,7 @@ PROMPT-token prompt, the prefill subtracted (a call of 1 token timed beside each
   and head's forwards compiled by torch.compile inside the graphs; its compile seconds are the row's warm-up);
 - the weight-read floor: the bytes a step reads (the weights; the KV cache is small at these lengths) over the
   device's copy bandwidth, measured here;
-- whether CUDA graphs were captured for each of our rows, and loudly any refusal (a refused capture runs the
-  cycle eagerly, and its ms are not the graphs');
+- how many CUDA graphs each of our rows captured (a refused capture ends the script in one line: graphs.py);
 - with --profile on CUDA, the share of the wall time the GPU is busy (kernel time over elapsed, torch's
   profiler) and the device activities (kernels, copies) a step or cycle, in a plain step and an eagle_default
   cycle, and the profiler's trace of a short eagle_default call (trace_SHAPE.json.gz, for chrome://tracing or
@@ -155,12 +154,9 @@ def compilations() -> int:
 
 
 def graphs_note(decoder) -> str:
-    """How a decoder's cycle ran: 'off' (no CUDA graphs: a CPU, or --cuda-graphs off), 'REFUSED: why' (capture
-    failed and the cycle ran eagerly), else the number of graphs captured."""
-    graphs = decoder.graphs
-    if graphs is None:
-        return "off"
-    return f"REFUSED: {graphs.refused}" if graphs.refused else f"{len(graphs.entries)} captured"
+    """How a decoder's cycle ran: 'off' (no CUDA graphs: a CPU, or --cuda-graphs off), else the number of graphs
+    captured."""
+    return "off" if decoder.graphs is None else f"{len(decoder.graphs.entries)} captured"
 
 
 def copy_bandwidth(device: str, megabytes: int, copies: int = 10) -> float:
@@ -284,11 +280,7 @@ def main(argv=None) -> None:
             lines.append(f"| {name} | {ms:.2f} | {ms / floor_ms:.2f}x | {cycles} | {warm:.1f} | {note} |"
                          + ((f" {1000 * tau / ms:.0f} (tau {tau:.2f}) |" if tau else " - |") if projected else ""))
         notes = [note for *_, note in rows.values() if note != "-"]
-        refused = sorted({note for note in notes if note.startswith("REFUSED")})
-        if refused:
-            lines += ["", f"**CUDA graph capture was refused** ({'; '.join(refused)}): those rows ran eagerly, and "
-                      "their ms are not the graphs'."]
-        elif notes and all(note == "off" for note in notes):
+        if notes and all(note == "off" for note in notes):
             lines += ["", "CUDA graphs: off on this device; every row of ours ran eagerly."]
         elif notes:
             lines += ["", f"CUDA graphs: captured for every row of ours ({len(notes)} rows), none refused."]

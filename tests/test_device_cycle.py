@@ -18,6 +18,7 @@ import torch
 from scipy import stats
 
 from eagle_mdsd import engine, graphs, head, hostsync, tree, tree_specs, verification
+from eagle_mdsd.errors import UsageError
 
 from tiny import greedy_tokens, tiny_family, tiny_target
 
@@ -63,7 +64,7 @@ def test_a_greedy_cycle_with_graphs_stays_within_its_host_budget(target_and_head
     ops, replays, transfers = BUDGETS[spec]
     assert counts["ops"] <= ops and counts["replays"] <= replays and counts["transfers"] == transfers, counts
     assert counts["uploads"] == 0, counts
-    assert decoder.graphs.entries and decoder.graphs.refused is None
+    assert decoder.graphs.entries
 
 
 @pytest.mark.parametrize("spec", ["chain2", "eagle_default", "eagle2", "eagle2:total_tokens=16,depth=5,top_k=4",
@@ -119,7 +120,7 @@ def test_every_replay_does_what_its_capture_did(target_and_head, spec, temperatu
     for prompt, tokens, seed in ((PROMPT, 20, 0), ([3, 1, 2, 0, 1, 3, 2], 14, 1), (PROMPT[:2], 20, 2)):
         expected = eager.generate(prompt, tokens, temperature, seed=seed, method=method).token_ids
         assert device.generate(prompt, tokens, temperature, seed=seed, method=method).token_ids == expected
-    assert device.graphs.entries and device.graphs.refused is None
+    assert device.graphs.entries
 
 
 def test_a_replay_that_differs_from_its_capture_is_caught():
@@ -360,6 +361,59 @@ def test_one_pair_of_caches_serves_every_call_and_a_longer_call_replaces_it(targ
         {id(device.cycles["eagle"])}
     assert device.generate(short, TOKENS, 0.0, method="baseline").token_ids == alone(short)
     assert set(device.cycles) == {"eagle", "baseline"} and device.caches[0].capacity == 512
+
+
+def test_a_replaced_pair_of_caches_is_freed_before_the_new_one_is_taken(target_and_head):
+    """A cache and its layers refer to each other, so dropping the kept pair frees its memory only when the
+    garbage collector runs: the decoder runs it, so a GPU never holds two pairs (nor tensors made in a pool that
+    no graph holds any more, into which CUDA refuses to capture again)."""
+    import gc
+    import weakref
+
+    target, draft_head = target_and_head
+    target.config.max_position_embeddings = 1024
+    decoder = engine.Decoder(target, draft_head, tree_specs.load("chain2"), cuda_graphs="emulate")
+    decoder.generate(PROMPT, TOKENS, 0.0)
+    old = weakref.ref(decoder.caches[0])
+    collecting = gc.isenabled()
+    gc.disable()  # only the decoder's own collection may free the old pair
+    try:
+        decoder.generate([t % 16 for t in range(300)], TOKENS, 0.0)
+        assert old() is None and decoder.caches[0].capacity == 512
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def test_graphs_take_a_new_pool_once_every_graph_of_theirs_is_forgotten():
+    """CUDA refuses to capture into a pool whose graphs are all gone while tensors made in it live on."""
+    captured = graphs.Emulated()
+    for owner in (1, 2):
+        captured.run(("verify", owner, 0), lambda x: x + 1, torch.ones(2))
+    captured.pool = "the pool of both"
+    captured.forget(1)
+    assert captured.pool == "the pool of both" and [key[1] for key in captured.entries] == [2]
+    captured.forget(2)
+    assert captured.pool is None and not captured.entries
+
+
+def test_a_refused_capture_ends_the_command_in_one_line():
+    """A capture CUDA refuses leaves its generator and stream in capture mode: no eager fallback can run on, so
+    the command ends, naming --cuda-graphs off."""
+
+    class Refusing(graphs.Graphs):
+        @staticmethod
+        def _warm_up(function, inputs):
+            return [value.clone() for value in inputs]
+
+        def _capture(self, function, buffers):
+            raise RuntimeError("operation not permitted when stream is capturing\nthe rest of CUDA's message")
+
+    refusing = Refusing()
+    with pytest.raises(UsageError, match=r"^CUDA graph capture failed \(RuntimeError: operation not permitted when "
+                                         r"stream is capturing\): run with --cuda-graphs off [^\n]*$"):
+        refusing.run(("verify", 1, 0), lambda x: x + 1, torch.ones(2))
+    assert not refusing.entries and refusing.seconds > 0
 
 
 def test_an_empty_prompt_is_a_one_line_error(target_and_head):

@@ -109,8 +109,8 @@ def test_the_busy_share_leaves_the_prefill_out(monkeypatch):
     assert share == pytest.approx(0.8) and activities == pytest.approx(20)  # 4 of each cycle's 5 ms; 20 a cycle
 
 
-def test_a_refused_graph_capture_is_reported_per_row():
-    """graphs_note: eager, captured graphs counted, and a refusal named, which the page then says in bold."""
+def test_each_row_says_how_many_graphs_it_captured():
+    """graphs_note: eager, or the graphs captured counted (a refused capture ends the script: graphs.py)."""
     from eagle_mdsd import graphs
 
     script = evaluation_scripts.load("gpu_cycle")
@@ -121,11 +121,8 @@ def test_a_refused_graph_capture_is_reported_per_row():
 
     captured = graphs.Emulated()
     captured.entries = {"draft": None, "verify": None}
-    refused = graphs.Emulated()
-    refused.refused = "RuntimeError: operation not permitted when stream is capturing"
     assert script.graphs_note(Decoder(None)) == "off"
     assert script.graphs_note(Decoder(captured)) == "2 captured"
-    assert script.graphs_note(Decoder(refused)) == f"REFUSED: {refused.refused}"
 
 
 def test_the_trace_is_saved_gzipped_and_names_the_cycle_phases(tmp_path):
