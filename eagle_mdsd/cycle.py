@@ -333,7 +333,7 @@ class Cycle:
         uniform = torch.rand((2, self.nodes + 1, 1), generator=self.generator, dtype=torch.float64, device=self.device)
         if self.exact and self.topology is not None:
             return self._walk(logits, uniform)
-        p = self._p(logits)
+        p = drafting.warp(logits, self.temperature)
         y = drafting.pick(p, uniform[0])[:, 0]
         if self.topology is None:
             return self.rows[:1], self.rows[:1] * 0, y
@@ -343,9 +343,6 @@ class Cycle:
         outputs = node_outputs(p, y, self.tree.point, verified, self.drafts)
         path, accepted = sampled_walk(self.tree.parent, self.tree.valid, outputs, self.tree.tokens, self.levels)
         return path, accepted, outputs.index_select(0, path[-1:])
-
-    def _p(self, logits) -> torch.Tensor:
-        return torch.softmax(logits.float() / self.temperature, -1)
 
     def _verified(self, p, uniform, nodes) -> torch.Tensor:
         """The verifier's output at `nodes` [R] from their p [R, V] (one batched call a child count for a static
@@ -384,7 +381,7 @@ class Cycle:
         path = [0]
         while True:
             node = path[-1]
-            p = self._p(logits[node : node + 1])
+            p = drafting.warp(logits[node : node + 1], self.temperature)
             output = drafting.pick(p, uniform[0, node : node + 1]).item()
             if drafted[node] and point[node] != output:
                 if point[node] >= 0:

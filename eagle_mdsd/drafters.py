@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from . import graphs, kernels
+from . import drafting, graphs, kernels
 from .cache import KVCache
 from .tree import Tree
 
@@ -98,7 +98,7 @@ class DraftModel:
         logits = self.draft_lm_head(predicted).float()
         if self.outside is not None:
             logits = logits.masked_fill(self.outside, float("-inf"))
-        return torch.softmax(logits / scale, -1), self.ids
+        return drafting.warp(logits, scale), self.ids
 
     def vocabulary_q(self, q, ids):
         """A q from `distribution` over the whole vocabulary (0 outside the draft vocabulary)."""

@@ -94,10 +94,12 @@ _BLOCK = 1024
 
 
 def warp(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Target distribution at `temperature`; one-hot argmax at 0 (float32)."""
+    """Target distribution at `temperature`; one-hot argmax at 0 (float32).  The largest logit is taken off
+    before dividing: at a tiny temperature the quotient of the others then goes to -inf, not inf - inf = nan."""
     if temperature == 0:
         return torch.zeros_like(logits, dtype=torch.float32).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
-    return torch.softmax(logits.float() / temperature, -1)
+    logits = logits.float()
+    return torch.softmax((logits - logits.amax(-1, keepdim=True)) / temperature, -1)
 
 
 def draw(dist: torch.Tensor, count: int = 1, generator: torch.Generator | None = None) -> torch.Tensor:

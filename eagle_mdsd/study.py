@@ -10,9 +10,11 @@ norm and lm_head: a draft that shares nothing trained with the head).
 Logits are kept in fp16, one file per task, written atomically (resumable).
 
 analyse: at temperature T both distributions are softmax(logits / T).  Each
-position's p and q are truncated to the tokens that carry all but 1e-6 of p
-and of q, the rest merged into one bucket (so every acceptance moves by at
-most ~(n + 1) 1e-6; a test checks it against the full vocabulary).  Per
+position's p and q are truncated to the tokens that carry all but 1e-6 of p,
+of q, and of q without its n - 1 most probable tokens (what the later draws
+without replacement and greedy drafting's sample see), the rest merged into
+one bucket (so every acceptance moves by at most ~(n + 1) 1e-6; a test checks
+it against the full vocabulary, q peaked as at a low temperature included).  Per
 position: alpha* for with-, without-replacement and greedy drafting (exact,
 eagle_mdsd.theory), K-SEQ's closed form, and for rrs_w, rrs_wo, greedy and
 spechub (n = 2) the mean over `draws` sampled draft tuples of the exact
@@ -117,12 +119,17 @@ def _support(x: torch.Tensor, epsilon: float) -> torch.Tensor:
     return order[: min(count, len(x))]
 
 
-def truncate(p: torch.Tensor, q: torch.Tensor, epsilon: float = EPSILON,
+def truncate(p: torch.Tensor, q: torch.Tensor, n: int, epsilon: float = EPSILON,
              min_size: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
-    """p and q on the union of their (1 - epsilon)-supports (and at least q's `min_size` most probable
-    tokens, so that n drafts without replacement exist) plus one bucket for the rest (float64)."""
-    keep = torch.unique(torch.cat([_support(p, epsilon), _support(q, epsilon),
-                                   torch.sort(q, descending=True, stable=True).indices[:min_size]]))
+    """p and q on the union of the (1 - epsilon)-supports of p, of q and of q without its n - 1 most probable
+    tokens (where one token holds nearly all of q, the tail a single bucket would stand for is most of what the
+    later draws see), and at least q's max(min_size, n + 1) most probable tokens (so that n drafts without
+    replacement exist), plus one bucket for the rest (float64)."""
+    order = torch.sort(q, descending=True, stable=True).indices
+    later, parts = q[order[n - 1 :]], [_support(p, epsilon), _support(q, epsilon), order[: max(min_size, n + 1)]]
+    if later.sum() > 0:
+        parts.append(order[n - 1 :][_support(later / later.sum(), epsilon)])
+    keep = torch.unique(torch.cat(parts))
     p_kept, q_kept = p[keep], q[keep]
     rest = [(1.0 - p_kept.sum()).clamp_min(0.0), (1.0 - q_kept.sum()).clamp_min(0.0)]
     p_out, q_out = torch.cat([p_kept, rest[0][None]]), torch.cat([q_kept, rest[1][None]])
@@ -153,7 +160,7 @@ def rates_for(logits_p: torch.Tensor, logits_q: torch.Tensor, temperature: float
     for lp, lq in zip(logits_p, logits_q):
         p = warp(lp.float(), temperature).double()
         q = warp(lq.float(), temperature).double()
-        for key, value in position_rates(*truncate(p, q), n, generator, draws).items():
+        for key, value in position_rates(*truncate(p, q, n), n, generator, draws).items():
             columns.setdefault(key, []).append(value)
     return {key: torch.tensor(values, dtype=torch.float64) for key, values in columns.items()}
 

@@ -43,27 +43,28 @@ def _as_numpy(x) -> np.ndarray:
     return np.asarray(x, dtype=np.float64)
 
 
-def _log_time_rule(step: float = 0.25, low: float = -25.0, high: float = 45.0):
+def _log_time_rule(slowest: float, step: float = 0.25, low: float = -25.0):
     """Nodes and weights for integrals over (0, inf) in the variable u = log t.
 
     int f(t) dt = int f(e^u) e^u du, and the trapezoidal rule in u integrates
     every e^{-c t} with error ~ exp(-pi^2 / step) whatever the scale c (the
     integrand is analytic in the strip |Im u| < pi/2).  Decay rates 1 - q(T)
-    can be tiny when q is peaked, so the nodes reach t = e^45.
+    can be tiny when q is peaked (1e-22 and below once a token holds nearly
+    all of q), so the nodes reach t = 50 / `slowest` (the smallest rate), at
+    least e^45 and at most e^700, float64's range.
     """
+    high = min(700.0, max(45.0, math.log(50.0 / slowest)))
     u = np.arange(low, high + step / 2, step)
     t = np.exp(u)
     return t, step * t
-
-
-_RULE = _log_time_rule()
 
 
 def prefix_all_drafts_in(q_scan: np.ndarray, n: int, chunk: int = 16) -> np.ndarray:
     """Q(H_k) for sequential drafting without replacement, k = 0..V.
 
     H_k is the first k tokens of `q_scan` (q in scan order).  Requires at
-    least n tokens with q > 0 (otherwise the drafts are deterministic).
+    least n tokens with q > 0 (otherwise the drafts are deterministic); then
+    every draft has q > 0, and Q(H_k) = 0 while H_k holds fewer than n of them.
     """
     q_scan = np.asarray(q_scan, dtype=np.float64)
     q_scan = q_scan / q_scan.sum()
@@ -79,7 +80,8 @@ def prefix_all_drafts_in(q_scan: np.ndarray, n: int, chunk: int = 16) -> np.ndar
         total[1:] = np.cumsum(q_scan / np.maximum(others, 1e-300))
     if n > 2:
         total += _quadrature_terms(q_scan, n, chunk)
-    return np.clip(1.0 - outside * (1.0 + total), 0.0, 1.0)
+    room = np.concatenate([[0], np.cumsum(q_scan > 0)]) >= n
+    return np.where(room, np.clip(1.0 - outside * (1.0 + total), 0.0, 1.0), 0.0)
 
 
 def _tail_sums(sorted_ascending: np.ndarray, count: int) -> np.ndarray:
@@ -154,7 +156,7 @@ def _kept_nodes(q_scan: np.ndarray, n: int):
     """
     vocab = len(q_scan)
     rest = _tail_sums(np.sort(q_scan), n)
-    nodes, weights = _RULE
+    nodes, weights = _log_time_rule(slowest=rest[n - 1])
     log_bound = np.full_like(nodes, -np.inf)
     log_expm1 = nodes + np.log(-np.expm1(-nodes))
     for m in range(2, n):
@@ -280,7 +282,7 @@ def acceptance_rate(scheme, verifier, p, q, n: int, *, samples: int = 20000, max
                     generator: torch.Generator | None = None, chunk: int = 256) -> Estimate:
     """Probability that the verifier outputs one of the drafts.
 
-    Exact by enumerating the ordered tuples when V^n <= max_tuples; K-SEQ,
+    Exact by enumerating the ordered tuples when V^n <= max_tuples (`chunk` at a time); K-SEQ,
     greedy/SpecHub and top-k drafts have closed forms at any V; otherwise a
     Monte Carlo mean of P(accept | drafts) over `samples` draft tuples with a
     95% normal confidence interval.
@@ -295,12 +297,13 @@ def acceptance_rate(scheme, verifier, p, q, n: int, *, samples: int = 20000, max
         return Estimate(float(verification.kseq_acceptance(p_t, q_t, n)))
     if verifier.name in ("greedy", "spechub") or scheme.name == "topk":
         return Estimate(optimal_acceptance(p_t, q_t, n, scheme.name))
-    if vocab**n <= max_tuples:
-        tuples = _all_tuples(vocab, n)
-        probs = scheme.probabilities(q_t.expand(len(tuples), -1), tuples)
-        keep = probs > 0
-        plans = verifier.plan(p_t, q_t, tuples[keep])
-        return Estimate(float((probs[keep] * _accepted_mass(plans, tuples[keep])).sum()))
+    if vocab**n <= max_tuples:  # `chunk` tuples at a time: their plans are [chunk, V], not [V^n, V]
+        tuples, total = _all_tuples(vocab, n), 0.0
+        for part in tuples.split(chunk):
+            probs = scheme.probabilities(q_t.expand(len(part), -1), part)
+            keep = probs > 0
+            total += float((probs[keep] * _accepted_mass(verifier.plan(p_t, q_t, part[keep]), part[keep])).sum())
+        return Estimate(total)
     values = []
     for start in range(0, samples, chunk):
         size = min(chunk, samples - start)

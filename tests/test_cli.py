@@ -1,6 +1,7 @@
 """The command line's error path: bad input is one line with exit status 2, a bug keeps its traceback."""
 
 import argparse
+import json
 from pathlib import Path
 
 import pytest
@@ -104,3 +105,16 @@ def test_an_output_path_that_cannot_be_made_is_refused_by_the_parser(argv, tmp_p
         cli.main([word.format(file=in_the_way) for word in argv])
     error = capsys.readouterr().err
     assert stop.value.code == 2 and f"{in_the_way} is a file" in error and "Traceback" not in error
+
+
+def test_acceptance_refuses_booleans_and_labels_monte_carlo_estimates(capsys):
+    """JSON's true is not a probability (bool is an int to Python); a sampled estimate shows its interval."""
+    assert cli.main(["acceptance", "--p", "[true, false]", "--q", "[0.5, 0.5]"]) == 2
+    assert "--p must be a JSON list of probabilities" in capsys.readouterr().err
+    p, q = ([value / sum(values) for value in values] for values in ([1 + i % 3 for i in range(40)],
+                                                                      [1 + i % 5 for i in range(40)]))
+    # 40^3 tuples: past the exact enumeration's 50,000
+    assert cli.main(["acceptance", "--p", json.dumps(p), "--q", json.dumps(q), "--n", "3"]) in (0, None)
+    rows = capsys.readouterr().out.splitlines()
+    assert any("rrs_w " in row and "(Monte Carlo)" in row for row in rows)
+    assert not any("kseq" in row and "Monte Carlo" in row for row in rows)  # K-SEQ has a closed form

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -132,6 +134,38 @@ def test_prefix_probabilities_match_enumeration_including_peaked_q(seed):
     for k in range(vocab + 1):
         inside = torch.isin(tuples, torch.tensor(order[:k], dtype=torch.long)).all(-1)
         assert abs(got[k] - float(probs[inside].sum())) < 1e-12, (q, n, k)
+
+
+def _all_drafts_in_exactly(q, n, inside) -> float:
+    """P(all n drafts without replacement fall in `inside`), each draw's denominator summed from the tokens not yet
+    drawn (not 1 - the drawn ones, which rounds to 0 once a token holds nearly all of q)."""
+    total = 0.0
+    for drafts in itertools.permutations(np.flatnonzero(inside), n):
+        left, probability = np.ones(len(q), dtype=bool), 1.0
+        for token in drafts:
+            probability *= q[token] / q[left].sum()
+            left[token] = False
+        total += probability
+    return total
+
+
+@pytest.mark.parametrize("tail", [1e-17, 1e-22, 1e-60, 1e-250])
+def test_prefix_probabilities_hold_when_one_token_holds_nearly_all_of_q(tail):
+    """The decay rates of the race reach the tail's mass: the quadrature must reach t ~ 1 / tail (a rule that
+    stopped at e^45 overstated Q below tails of 1e-19, and alpha* came out below a verifier's acceptance)."""
+    q = np.array([1.0, 1.9, 1.3e-2, 8.8e-5, 5.9e-7, 3e-3]) * tail
+    q[0] = 1.0
+    q /= q.sum()
+    for n in (2, 3, 4):
+        got = theory.prefix_all_drafts_in(q, n)
+        for k in range(len(q) + 1):
+            inside = np.arange(len(q)) < k
+            assert abs(got[k] - _all_drafts_in_exactly(q, n, inside)) < 1e-12, (tail, n, k)
+    p = np.array([0.3, 0.3, 0.2, 0.1, 0.05, 0.05])
+    alpha = theory.optimal_acceptance(p, q, 3, "without_replacement")
+    scheme, verifier = drafting.get("without_replacement"), verification.get("rrs_wo")
+    _, _, accepted = mixture(scheme, verifier, torch.tensor(p), torch.tensor(q), 3)
+    assert accepted <= alpha + 1e-12
 
 
 CHI_SQUARE_P_VALUE = 1e-3  # fixed seeds: a correct sampler fails with probability 0.1% per test

@@ -154,6 +154,9 @@ def test_temperature_zero_is_greedy_for_every_pair(tiny):
     for scheme, verifier, tree_name in CASES:
         decoder = engine.Decoder(target, draft_head, tree.compile_tree(TREES[tree_name]), scheme, verifier)
         assert decoder.generate(PROMPT, 12, 0.0).token_ids == reference.tolist(), (scheme, verifier, tree_name)
+    # a tiny positive temperature samples p and q one-hot on their argmax, not nan (logits / 1e-40 overflow)
+    decoder = engine.Decoder(target, draft_head, tree.compile_tree(TREES["wide"]), "with_replacement", "kseq")
+    assert decoder.generate(PROMPT, 12, 1e-40, seed=3).token_ids == reference.tolist()
 
 
 def test_a_two_layer_head_drafts_through_its_own_cache_and_stays_greedy(tiny):

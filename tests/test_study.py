@@ -33,7 +33,7 @@ def test_position_rates_match_the_exact_values(seed, n):
 
 def test_truncation_keeps_everything_at_epsilon_zero_and_little_otherwise():
     p, q = _pair(3, 7)
-    kept_p, kept_q = study.truncate(p, q, epsilon=0.0, min_size=7)
+    kept_p, kept_q = study.truncate(p, q, 3, epsilon=0.0, min_size=7)
     assert torch.allclose(kept_p[:-1], p, atol=1e-15) and kept_p[-1] < 1e-12 and len(kept_p) == 8
     # a peaked large vocabulary: truncated alpha* within (n + 1) epsilon of the full one
     gen = torch.Generator().manual_seed(4)
@@ -41,11 +41,24 @@ def test_truncation_keeps_everything_at_epsilon_zero_and_little_otherwise():
     logits[:6] += 25  # language-model-like: a few tokens carry all but ~1e-7 of the mass
     p = torch.softmax(logits, -1)
     q = torch.softmax(logits + torch.randn(20000, generator=gen, dtype=torch.float64), -1)
-    small_p, small_q = study.truncate(p, q)
+    small_p, small_q = study.truncate(p, q, 3)
     assert len(small_p) < 2000
-    for scheme in ("with_replacement", "greedy"):
+    for scheme in ("with_replacement", "without_replacement", "greedy"):
         full = theory.optimal_acceptance(p, q, 3, scheme)
         assert theory.optimal_acceptance(small_p, small_q, 3, scheme) == pytest.approx(full, abs=4 * study.EPSILON)
+    # q on one token but 4e-11, as at a low temperature, and p elsewhere too: the later draws without replacement
+    # and greedy drafting's sample see q's tail, which one bucket would stand for (off by 1.5e-3 and 2e-3)
+    base = torch.randn(5000, generator=gen, dtype=torch.float64) * 2
+    logits_q, logits_p = base + torch.randn(5000, generator=gen, dtype=torch.float64), base.clone()
+    logits_q[0] += 24
+    logits_p[0] += 20
+    logits_p[1:4] += 19.5
+    p, q = torch.softmax(logits_p / 0.7, -1), torch.softmax(logits_q / 0.7, -1)
+    small_p, small_q = study.truncate(p, q, 3)
+    for scheme in ("with_replacement", "without_replacement", "greedy"):
+        full = theory.optimal_acceptance(p, q, 3, scheme)
+        assert theory.optimal_acceptance(small_p, small_q, 3, scheme) == pytest.approx(full, abs=4 * study.EPSILON)
+    assert len(study.truncate(p, q, 12)[0]) >= 13  # n drafts without replacement exist for any n
 
 
 def test_summaries_are_means_with_paired_gaps():

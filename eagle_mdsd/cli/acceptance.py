@@ -25,7 +25,7 @@ def distribution(text: str, what: str) -> list[float]:
         values = json.loads(text)
     except json.JSONDecodeError:
         raise UsageError(f"--{what} must be a JSON list of probabilities such as [0.5, 0.3, 0.2]") from None
-    if not isinstance(values, list) or not values or not all(isinstance(v, (int, float)) for v in values):
+    if not isinstance(values, list) or not values or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
         raise UsageError(f"--{what} must be a JSON list of probabilities such as [0.5, 0.3, 0.2]")
     values = [float(v) for v in values]
     if not all(math.isfinite(v) and v >= 0 for v in values):
@@ -57,5 +57,6 @@ def run(args) -> None:
         print(json.dumps(rows))
         return
     print(f"{'scheme':20s} {'verifier':8s} {'acceptance':>10s} {'alpha*':>8s}")
-    for row in rows:
-        print(f"{row['scheme']:20s} {row['verifier']:8s} {row['acceptance']:10.6f} {row['alpha_star']:8.6f}")
+    for row in rows:  # a Monte Carlo estimate (large V^n) carries its 95% interval
+        spread = f"  +- {row['ci95_half_width']:.6f} (Monte Carlo)" if row["ci95_half_width"] else ""
+        print(f"{row['scheme']:20s} {row['verifier']:8s} {row['acceptance']:10.6f} {row['alpha_star']:8.6f}{spread}")

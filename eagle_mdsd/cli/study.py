@@ -19,9 +19,10 @@ def add_parser(sub) -> None:
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--n", type=options.count(1), default=3, help="drafts per node for the table")
     parser.add_argument("--draws", type=options.count(1), default=8, help="sampled draft tuples per position")
-    parser.add_argument("--sweep-positions", type=options.count(1), default=48, help="positions per task in the sweeps")
-    parser.add_argument("--table-positions", type=options.count(1), default=None,
-                        help="positions per task in the table (default: all collected)")
+    parser.add_argument("--sweep-positions", type=options.count(2), default=48,
+                        help="positions per task in the sweeps (at least 2: an interval needs two)")
+    parser.add_argument("--table-positions", type=options.count(2), default=None,
+                        help="positions per task in the table (default: all collected; at least 2)")
     parser.add_argument("--out", type=options.output_folder, default="runs/study")
     parser.set_defaults(fn=run)
 
