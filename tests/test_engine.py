@@ -312,4 +312,4 @@ def test_graphs_emulated_decode_as_eager_calls(sharp_llama, spec):
         assert result.token_ids == expected.token_ids and result.accept_lengths == expected.accept_lengths
         assert result.accepted_ranks == expected.accepted_ranks
     assert {key[0] for key in replayed.graphs.entries} == {"draft", "verify"}
-    assert replayed.graphs.seconds > 0 and replayed.graphs.refused is None
+    assert replayed.graphs.seconds > 0
