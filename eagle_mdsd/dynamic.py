@@ -90,8 +90,8 @@ def make(name: str, nodes: int, max_depth: int, top_k: int, threshold: float = 0
             raise UsageError(f"{name}: {label} must be at least 1, got {value}")
     if nodes > static_trees.MAX_NODES:
         raise UsageError(f"{name}: at most {static_trees.MAX_NODES} nodes are supported, got {nodes}")
-    if threshold < 0:
-        raise UsageError(f"{name}: --threshold must be >= 0, got {threshold}")
+    if not threshold >= 0:  # (NaN too)
+        raise UsageError(f"{name}: --threshold must be a number >= 0, got {threshold}")
     return DynamicTree(name, nodes, max_depth, top_k, threshold)
 
 

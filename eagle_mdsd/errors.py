@@ -29,10 +29,17 @@ def compiler_failure(error: Exception) -> str:
     return (str(cause).strip().splitlines() or [type(cause).__name__])[0][:200]
 
 
+MIN_TEMPERATURE = 1e-6  # below it (but 0) logits / T leave float32's range: nan, and transformers' sampling fails
+
+
 def check_temperature(temperature: float, name: str = "temperature") -> None:
-    """One-line error unless `temperature` is a finite number >= 0 (NaN would otherwise sample garbage)."""
+    """One-line error unless `temperature` is 0 or a finite number >= MIN_TEMPERATURE (NaN would otherwise sample
+    garbage)."""
     if not math.isfinite(temperature) or temperature < 0:
         raise UsageError(f"{name} must be >= 0 (a finite number), got {temperature}")
+    if 0 < temperature < MIN_TEMPERATURE:
+        raise UsageError(f"{name} {temperature:g} is too small to sample at: use 0 (greedy) or at least "
+                         f"{MIN_TEMPERATURE:g}")
 
 
 RESUMABLE = ("bench", "check-greedy", "study", "train-head")  # commands that keep whole records and continue

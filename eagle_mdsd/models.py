@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -158,6 +159,8 @@ _LOAD_ERRORS, _StrictError = _load_errors()
 
 def check_device(device: str) -> None:
     """A one-line error unless this machine has `device` (a command checks it before it makes anything)."""
+    if str(device) not in ("cpu", "cuda", "auto") and not re.fullmatch(r"cuda:[0-9]+", str(device)):
+        raise UsageError(f"--device {device}: use cpu, cuda, cuda:N or auto")
     if str(device).startswith("cuda") and not torch.cuda.is_available():
         raise UsageError(f"--device {device}: torch {torch.__version__} sees no CUDA GPU on this machine "
                          f"({'no GPU visible' if torch.version.cuda else 'a CPU-only build'}): use --device cpu")

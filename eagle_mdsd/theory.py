@@ -30,10 +30,12 @@ import numpy as np
 import torch
 
 from . import drafting, verification
+from .errors import UsageError
 
 __all__ = ["optimal_acceptance", "lp_optimal_acceptance", "acceptance_rate", "joint_distribution",
            "prefix_all_drafts_in", "Estimate"]
 
+MAX_DRAFTS = 16  # alpha* without replacement sums 2^(n-1) heavy subsets: 45 s a node at n = 16, V = 50
 _SCHEMES_WITH_ALPHA = ("with_replacement", "without_replacement", "greedy", "spechub", "topk")
 
 
@@ -204,8 +206,16 @@ def optimal_acceptance(p, q, n: int, scheme: str) -> float:
     if scheme.name == "with_replacement":
         q_prefix = np.concatenate([[0.0], np.cumsum(q[order])]) ** n
     else:
+        check_drafts(n, "n")
         q_prefix = prefix_all_drafts_in(q[order], n)
     return float(np.clip(1.0 + np.min(p_prefix - q_prefix), 0.0, 1.0))
+
+
+def check_drafts(n: int, option: str) -> None:
+    """One-line error for more drafts than alpha* can be computed for in reasonable time."""
+    if n > MAX_DRAFTS:
+        raise UsageError(f"--{option} {n}: at most {MAX_DRAFTS} drafts (alpha* without replacement sums 2^(n-1) "
+                         f"terms a node, hours beyond that)")
 
 
 def joint_distribution(scheme, q, n: int) -> dict[tuple[int, ...], float]:

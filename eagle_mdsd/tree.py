@@ -145,6 +145,8 @@ def load(spec: str) -> Tree:
     if path.suffix != ".json":
         path = named(spec)
         if path is None and re.fullmatch(r"chain[1-9][0-9]*", spec):
+            if int(spec[5:]) > MAX_NODES:  # before its paths are made: chain99999999 would fill the memory
+                raise UsageError(f"tree {spec}: at most {MAX_NODES} nodes are supported")
             return chain(int(spec[5:]))
         if path is None:
             raise UsageError(f"unknown tree {spec!r}: use one of {', '.join(names())}, chainN, or a .json file")

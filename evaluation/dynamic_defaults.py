@@ -36,6 +36,8 @@ from pathlib import Path
 import numpy
 
 from eagle_mdsd import benchmarks, dynamic, engine, head, models, sequoia, tree_specs
+from eagle_mdsd.cli.options import count
+from eagle_mdsd.errors import UsageError
 
 # The shapes tried: from a chain's size to well past eagle_default's cost on a CPU; a depth beyond the drafted
 # tokens only adds head passes, so such shapes are left out.
@@ -127,14 +129,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--prompts", type=int, default=4)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--prompts", type=count(1), default=4)
+    parser.add_argument("--max-new-tokens", type=count(2), default=64)
     parser.add_argument("--shapes", type=int, default=0, help="only this many shapes of each kind (a quick check)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     models.check_device(args.device)
+    dtype = models.parse_dtype(args.dtype)  # bad options: one line, before the model loads
     out = args.out or Path("runs") / "dynamic_defaults" / time.strftime(f"%Y-%m-%d_{socket.gethostname()}_%H%M%S")
-    target, tokenizer = models.load_target(None, models.parse_dtype(args.dtype), args.device)
+    target, tokenizer = models.load_target(None, dtype, args.device)
     draft_head = head.load_head(models.DEFAULT_HEAD, target)
     eos = models.eos_token_ids(target, tokenizer)
     prompts = sequoia.held_out_prompts(tokenizer, args.prompts)
@@ -161,4 +164,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except UsageError as error:
+        raise SystemExit(f"dynamic_defaults.py: error: {error}") from None

@@ -185,6 +185,7 @@ CASES = {
     "tree-nested": lambda tmp: ["generate", "--prompt", "hi", "--tree",
                                 (tmp / "t.json").write_text("[" * 100000) and tmp / "t.json"],
     "trees-twice": lambda tmp: ["benchmark", "--trees", "chain2", "chain2"],
+    "temperatures-twice": lambda tmp: ["benchmark", "--temperatures", "0.1,0.1000001"],
     "drafter-unknown": lambda tmp: ["generate", "--prompt", "hi", "--drafter", "nope"],
     "pair-lossy": lambda tmp: ["generate", "--prompt", "hi", "--drafter", "with_replacement", "--verifier", "rrs_wo"],
     "drafter-fit": lambda tmp: ["generate", "--prompt", "hi", "--tree", "chain3", "--drafter", "spechub",

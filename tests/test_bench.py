@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from eagle_mdsd import bench, benchmarks, cli, engine, head, kernels, models, peers, questions, report, tree
+from eagle_mdsd import bench, benchmarks, cli, engine, errors, head, kernels, models, peers, questions, report, tree
 from eagle_mdsd.benchmark import pages, plans, records, run as benchmark_run, runners, selection, sweep
 from eagle_mdsd.errors import UsageError
 
@@ -866,3 +866,16 @@ def test_a_small_benchmark_runs_end_to_end_with_the_sampling_pair(tmp_path, monk
     assert ("drafter topk, verifier topk; at T > 0 (static trees) tree chain2, drafter without_replacement, "
             "verifier rrs_wo") in text
     assert ("EAGLE and baseline ran their linear layers on prepacked oneDNN bf16 weights" in text) == packs
+
+
+def test_trees_and_temperatures_whose_answer_files_would_share_a_name_are_refused(tmp_path):
+    """Answer files are named by file_safe(tree) and 6 significant digits of T: two trees or temperatures that
+    map to one name would write one file, refused only after a model loaded and a cell was answered."""
+    (tmp_path / "sub").mkdir()
+    for path in (tmp_path / "sub" / "c.json", tmp_path / "sub_c.json"):
+        path.write_text("[[0], [0, 0]]")
+    trees = (str(tmp_path / "sub" / "c.json"), str(tmp_path / "sub_c.json"))
+    with pytest.raises(errors.UsageError, match="more than once, or as trees whose answer files would share a name"):
+        plans.sweep_cells(plans.SweepPlan(trees=trees, temperatures=(0.0,)))
+    with pytest.raises(errors.UsageError, match="--temperatures gives t0.1 more than once"):
+        plans.SweepPlan(temperatures=(0.1, 0.1000001))

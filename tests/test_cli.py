@@ -118,3 +118,23 @@ def test_acceptance_refuses_booleans_and_labels_monte_carlo_estimates(capsys):
     rows = capsys.readouterr().out.splitlines()
     assert any("rrs_w " in row and "(Monte Carlo)" in row for row in rows)
     assert not any("kseq" in row and "Monte Carlo" in row for row in rows)  # K-SEQ has a closed form
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["generate", "--prompt", "hi", "--tree", "chain99999999"], "tree chain99999999: at most 1024 nodes"),
+    (["generate", "--prompt", "hi", "--tree", "opt_tree:threshold=nan"], "--threshold must be a number >= 0, got nan"),
+    (["generate", "--prompt", "hi", "--temperature", "1e-30"], "--temperature 1e-30 is too small to sample at"),
+    (["acceptance", "--p", "[0.5, 0.5]", "--q", "[0.5, 0.5]", "--n", "1000000"], "--n 1000000: at most 16 drafts"),
+    (["bench-core", "--max-drafts", "40"], "--max-drafts 40: at most 16 drafts"),
+    (["sequoia", "--max-nodes", "1500"], "--max-nodes 1500: a tree holds at most 1024 nodes"),
+    (["benchmark", "--resume", ""], "or --resume is empty"),
+])
+def test_inputs_that_used_to_hang_or_fill_the_memory_are_one_line(argv, said, monkeypatch, capsys):
+    """Each refused before any model loads (a huge chain's paths, a million drafts, a NaN threshold that quietly
+    crippled the tree, a temperature whose logits / T overflow)."""
+    from eagle_mdsd import models
+
+    monkeypatch.setattr(models, "load_target", lambda *args, **kwargs: pytest.fail("the model loaded"))
+    assert cli.main(argv) == 2
+    error = capsys.readouterr().err
+    assert said in error and error.count("\n") == 1, error

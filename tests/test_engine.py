@@ -9,6 +9,7 @@ import torch
 from scipy import stats
 
 from eagle_mdsd import drafting, engine, graphs, head, tree, tree_specs, verification
+from eagle_mdsd.errors import MIN_TEMPERATURE, UsageError
 
 from instances import SkipsDuplicateUpdate
 from tiny import tiny_family, tiny_target
@@ -154,9 +155,13 @@ def test_temperature_zero_is_greedy_for_every_pair(tiny):
     for scheme, verifier, tree_name in CASES:
         decoder = engine.Decoder(target, draft_head, tree.compile_tree(TREES[tree_name]), scheme, verifier)
         assert decoder.generate(PROMPT, 12, 0.0).token_ids == reference.tolist(), (scheme, verifier, tree_name)
-    # a tiny positive temperature samples p and q one-hot on their argmax, not nan (logits / 1e-40 overflow)
+    # the smallest temperature samples p and q one-hot on their argmax; a smaller one is refused in one line
     decoder = engine.Decoder(target, draft_head, tree.compile_tree(TREES["wide"]), "with_replacement", "kseq")
-    assert decoder.generate(PROMPT, 12, 1e-40, seed=3).token_ids == reference.tolist()
+    assert decoder.generate(PROMPT, 12, MIN_TEMPERATURE, seed=3).token_ids == reference.tolist()
+    with pytest.raises(UsageError, match="temperature 1e-40 is too small to sample at: use 0"):
+        decoder.generate(PROMPT, 12, 1e-40)
+    # warp itself: logits / T overflows float32, the largest logit taken off first keeps it one-hot, not nan
+    assert drafting.warp(torch.tensor([2.0, 1.0, 0.0, -1.0]), 1e-40).tolist() == [1.0, 0.0, 0.0, 0.0]
 
 
 def test_a_two_layer_head_drafts_through_its_own_cache_and_stays_greedy(tiny):

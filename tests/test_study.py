@@ -84,10 +84,13 @@ def test_rates_over_logit_rows_use_the_temperature():
     assert float(cold["alpha*:greedy"][0]) == pytest.approx(1.0)
 
 
-@pytest.mark.parametrize("option", ["--positions", "--n", "--draws", "--sweep-positions", "--table-positions"])
-def test_study_counts_below_one_are_refused_by_the_parser(option, capsys):
+@pytest.mark.parametrize("option, least", [("--positions", 1), ("--n", 1), ("--draws", 1), ("--sweep-positions", 2),
+                                           ("--table-positions", 2)])
+def test_study_counts_below_their_least_are_refused_by_the_parser(option, least, capsys):
     from eagle_mdsd import cli
 
-    with pytest.raises(SystemExit) as stop:  # a count of 0 would collect nothing to score
-        cli.build_parser().parse_args(["study", "all", option, "0"])
-    assert stop.value.code == 2 and f"argument {option}: must be at least 1, got 0" in capsys.readouterr().err
+    # a count of 0 would collect nothing to score; one position a task has no interval (its JSON was NaN)
+    with pytest.raises(SystemExit) as stop:
+        cli.build_parser().parse_args(["study", "all", option, str(least - 1)])
+    assert stop.value.code == 2 and f"argument {option}: must be at least {least}, got {least - 1}" in \
+        capsys.readouterr().err

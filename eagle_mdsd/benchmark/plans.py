@@ -7,6 +7,7 @@ import dataclasses
 
 from .. import lookup, peers, tree_specs, verification
 from ..errors import UsageError
+from .records import file_safe, temperature_tag
 
 METHODS = ("eagle", "baseline") + peers.METHODS
 PEER = "hf_generate"  # the page gives every method's tokens/s over transformers generate's, the usual reference,
@@ -51,6 +52,7 @@ class BenchmarkPlan:
         for method in self.methods:
             if method not in METHODS:
                 raise UsageError(f"unknown method {method!r}: use one of {', '.join(METHODS)}")
+        _distinct_temperatures(self.temperatures)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +76,18 @@ class SweepPlan:
     seed: int = 0
     name: str | None = None
     new_run: bool = False  # a fresh run: its folder is made here (or refused) and its page must not exist
+
+    def __post_init__(self):
+        _distinct_temperatures(self.temperatures)
+
+
+def _distinct_temperatures(temperatures) -> None:
+    """One-line error where two temperatures would share an answer file (its name carries 6 significant digits)."""
+    tags = [temperature_tag(t) for t in temperatures]
+    repeated = sorted({tag for tag in tags if tags.count(tag) > 1})
+    if repeated:
+        raise UsageError(f"--temperatures gives {', '.join(repeated)} more than once (answer files name a temperature "
+                         f"by 6 significant digits): give each temperature once")
 
 
 def check_fits(topology, drafter: str, verifier: str) -> None:
@@ -135,11 +149,14 @@ def benchmark_setups(trees, drafter: str, verifier: str, sampled: tuple[str, str
 
 
 def _once(labels: list[str]) -> None:
-    """One-line error where --trees names one tree twice: their answers would share one file."""
-    repeated = sorted({label for label in labels if labels.count(label) > 1})
+    """One-line error where --trees names one tree twice, or two trees whose answer files' names would be one
+    (records.file_safe: sub/c.json and sub_c.json)."""
+    safe = [file_safe(label) for label in labels]
+    repeated = sorted({label for label, name in zip(labels, safe) if safe.count(name) > 1})
     if repeated:
-        raise UsageError(f"--trees names {', '.join(repeated)} more than once: give each tree once (a tree file is "
-                         f"named by its path)")
+        raise UsageError(f"--trees names {', '.join(repeated)} more than once, or as trees whose answer files would "
+                         f"share a name (a tree file is named by its path): give each tree once, renaming a file "
+                         f"if need be")
 
 
 def _sampling_topology(topology, sampling_tree: str):

@@ -37,6 +37,7 @@ def distribution(text: str, what: str) -> list[float]:
 
 
 def run(args) -> None:
+    theory.check_drafts(args.n, "n")
     p, q = distribution(args.p, "p"), distribution(args.q, "q")
     if len(p) != len(q):
         raise UsageError(f"--p has {len(p)} tokens but --q has {len(q)}: give both over the same vocabulary")

@@ -15,8 +15,10 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> None:
+    from .. import theory
     from ..benchmarks import run_core_benchmark
 
+    theory.check_drafts(args.max_drafts, "max-drafts")
     result = run_core_benchmark(Path(args.out), draft_counts=tuple(range(2, args.max_drafts + 1)))
     print(f"wrote {Path(args.out) / ('core_bench_' + result['date'])}.{{json,md}}")
     for line in result["summary"]:

@@ -47,8 +47,7 @@ def positive(text: str) -> float:
 
 
 def message(text: str) -> str:
-    """argparse type of a user message (--prompt): text that is not blank, the rule a question file's turns
-    follow too."""
+    """argparse type of a user message (--prompt): text that is not blank, as a question file's turns."""
     if not text.strip():
         raise argparse.ArgumentTypeError("is blank: give the text of the message")
     return text
@@ -207,10 +206,10 @@ def run_name(args, kind: str) -> str:
     import socket
 
     answers = Path(args.answers)
-    if args.resume:
-        if args.name:
-            raise UsageError(f"--name and --resume both name the {kind} run: give --resume NAME|PATH to continue "
-                             f"one, or --name NAME for a fresh one")
+    if args.resume is not None:  # (an empty --resume or --name is refused, not read as absent)
+        if args.name is not None or not args.resume.strip():
+            raise UsageError(f"--name and --resume both name the {kind} run, or --resume is empty: give --resume "
+                             f"NAME|PATH to continue one, or --name NAME for a fresh one")
         folder = Path(args.resume)
         if len(folder.parts) > 1 or not (answers / folder).is_dir():  # a path, or a name not under --answers
             if not folder.is_dir():
@@ -221,7 +220,8 @@ def run_name(args, kind: str) -> str:
             args.answers = str(folder.parent)
         return folder.name
     stamp = datetime.datetime.now()  # and a random part: two runs started in one second get two names
-    name = args.name or f"{stamp:%Y-%m-%d}_{socket.gethostname()}_{stamp:%H%M%S}_{secrets.token_hex(3)}"
+    name = f"{stamp:%Y-%m-%d}_{socket.gethostname()}_{stamp:%H%M%S}_{secrets.token_hex(3)}" if args.name is None \
+        else args.name
     if len(Path(name).parts) != 1 or name in (".", ".."):
         raise UsageError(f"--name {name!r} is a path: give a plain name (--resume takes a run folder's path)")
     if (answers / name).exists():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .. import engine, errors
+from ..tree import MAX_NODES
 from . import options
 
 
@@ -26,6 +27,8 @@ def run(args) -> None:
     from .. import head, models, sequoia
 
     errors.check_temperature(args.temperature, "--temperature")
+    if args.max_nodes > MAX_NODES:  # the tree would be refused by every command that loads it
+        raise errors.UsageError(f"--max-nodes {args.max_nodes}: a tree holds at most {MAX_NODES} nodes")
     out = sequoia.output_path(args.name)  # a bad --name before the model loads
     target, tokenizer = models.load_target(None, models.parse_dtype(args.dtype), args.device)
     draft_head = head.load_head(args.ea_model or models.DEFAULT_HEAD, target)

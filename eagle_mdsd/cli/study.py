@@ -28,10 +28,11 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> None:
-    from .. import study
+    from .. import study, theory
 
     if args.stage in ("analyse", "all"):  # before a collect that can run for long
         errors.check_temperature(args.temperature, "--temperature")
+        theory.check_drafts(args.n, "n")
     if args.stage in ("collect", "all"):
         files = study.collect(Path(args.run), args.positions, args.max_new_tokens, args.dtype)
         print(f"{len(files)} tasks collected in {args.run}")
