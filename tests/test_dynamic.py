@@ -92,7 +92,7 @@ def test_more_children_a_node_than_the_vocabulary_holds_is_a_one_line_error(tiny
 @pytest.mark.parametrize("spec, message", [
     ("eagle2:top_k=0", "top-k must be at least 1"),
     ("eagle2:total_tokens=1", "total_tokens.*must be at least 2, got 1"),
-    ("opt_tree:threshold=-1", "--threshold must be >= 0"),
+    ("opt_tree:threshold=-1", "--threshold must be a number >= 0"),
     ("opt_tree:depth=3", "unknown option 'depth'"),
     ("eagle2:depth=two", "depth must be a number"),
 ])
