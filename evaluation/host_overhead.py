@@ -40,6 +40,7 @@ import transformers
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from eagle_mdsd import benchmarks, engine, head, hostsync, tree_specs, verification
+from eagle_mdsd.cli.options import count
 
 ROWS = [  # (label, method, tree, drafter, verifier, temperature)
     ("our plain step", "baseline", None, "topk", "topk", 0.0),
@@ -117,8 +118,8 @@ def transformers_generate(target, tokens: int) -> Runner:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokens", type=int, default=48, help="new tokens a call (default 48)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed calls a row; the median counts (default 5)")
+    parser.add_argument("--tokens", type=count(2), default=48, help="new tokens a call (default 48)")
+    parser.add_argument("--repeats", type=count(1), default=5, help="timed calls a row; the median counts (default 5)")
     parser.add_argument("--out", type=Path, help="folder for the page (default runs/host_overhead/DATE_HOST_TIME)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     parser.add_argument("--kernels", choices=("stock", "auto"), default="stock",

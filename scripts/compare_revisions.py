@@ -25,6 +25,7 @@ import dataclasses
 import datetime
 import importlib
 import math
+import re
 import subprocess
 import sys
 import tarfile
@@ -36,6 +37,7 @@ import torch
 
 from eagle_mdsd import (bench, benchmarks, drafting, dynamic, engine, head, lookup, models, questions, tree_specs,
                         verification)
+from eagle_mdsd.errors import check_temperature
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -47,7 +49,7 @@ def engine_at(revision: str, folder: Path):
         raise SystemExit(f"error: {revision!r} is not a revision of this repository with an eagle_mdsd package: "
                          "give a commit, tag or branch (git log --oneline lists them)")
     archive = run.stdout
-    package = f"eagle_mdsd_at_{revision.replace('-', '_').replace('.', '_')}"
+    package = f"eagle_mdsd_at_{re.sub(r'[^A-Za-z0-9_]', '_', revision)}"  # heads/main, v1.0, HEAD~2: a name
     with tarfile.open(fileobj=BytesIO(archive)) as tar:
         tar.extractall(folder, filter="data")
     (folder / "eagle_mdsd").rename(folder / package)
@@ -171,9 +173,11 @@ def main() -> None:
         trees = {spec: tree_specs.load(spec) for spec in args.trees}
         drafter, _, verifier = args.pair.partition("/")
         verification.check_pair(drafting.get(drafter), verification.get(verifier))
+        dtype = models.parse_dtype(args.dtype)
+        for temperature in args.temperatures:
+            check_temperature(temperature, "each of --temperatures")
     except (ValueError, FileNotFoundError) as error:
         parser.error(str(error))
-    dtype = models.parse_dtype(args.dtype)
     date = datetime.date.today().isoformat()
     name = args.name or f"engine_vs_{args.revision}_{date}_{args.dtype}"
 

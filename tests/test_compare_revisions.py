@@ -40,3 +40,13 @@ def test_a_cells_rows_split_tokens_per_second_into_tau_and_ms_a_cycle(script):
     old, new = ([cell.strip() for cell in row.strip("|").split("|")] for row in rows)
     assert old[4:6] == new[4:5] + ["50.0"] and new[5] == "45.0"  # tau 2.00 in both; ms a cycle
     assert float(new[7].removesuffix("x")) == pytest.approx((0.5 + 1.6) / (0.5 + 1.44), abs=0.01)  # with prefills
+
+
+def test_a_revision_with_a_slash_or_a_tilde_imports_as_a_package_of_its_own(script, tmp_path):
+    """heads/main or HEAD~0 named the package folder as given: the rename failed (a '/') or the import did."""
+    import subprocess
+
+    if subprocess.run(["git", "rev-parse", "HEAD"], cwd=script.ROOT, capture_output=True).returncode != 0:
+        pytest.skip("not a git checkout")
+    engine = script.engine_at("HEAD~0", tmp_path)
+    assert engine.__name__ == "eagle_mdsd_at_HEAD_0.engine" and hasattr(engine, "Decoder")
