@@ -168,7 +168,7 @@ def held_out_prompts(tokenizer, count: int, seed: int = 0) -> list[list[int]]:
 
     pool = training.load_prompts([training.DEFAULT_PROMPTS])
     random.Random(seed).shuffle(pool)
-    return [models.chat_prompt_ids(tokenizer, p["prompt"]) for p in pool[len(pool) - count :]]  # (-0: none)
+    return [models.chat_prompt_ids(tokenizer, p["prompt"]) for p in pool[max(len(pool) - count, 0) :]]  # (-0: all)
 
 
 def build(decoder_for, tokenizer, out: Path, max_nodes: int, max_depth: int, hardware_aware: bool,

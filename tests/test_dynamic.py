@@ -363,3 +363,13 @@ def test_every_pair_in_a_grown_tree_is_exact_by_enumeration(drafter, verifier):
     (the_pruned_tuple, "greedy", "greedy"), (the_pruned_tuple, "with_replacement", "rrs_w")])
 def test_the_enumeration_catches_a_wrong_rule(rule, drafter, verifier):
     assert exact_first_two_error(drafter, verifier, rule) > 1e-6  # the exact rule's is within 1e-12
+
+
+def test_held_out_prompts_are_as_many_as_asked_none_for_zero_and_the_pool_at_most(monkeypatch):
+    """count 0 took the whole pool (pool[-0:]); a count past the pool's size takes all of it."""
+    from eagle_mdsd import models, sequoia
+
+    monkeypatch.setattr(models, "chat_prompt_ids", lambda tokenizer, text: [len(text)])
+    everything = sequoia.held_out_prompts(None, 10**9)
+    assert len(sequoia.held_out_prompts(None, 0)) == 0 and len(sequoia.held_out_prompts(None, 3)) == 3
+    assert sequoia.held_out_prompts(None, 3) == everything[-3:] and len(everything) > 1000
