@@ -15,11 +15,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from scipy import stats
-
 from eagle_mdsd import engine, graphs, head, hostsync, tree, tree_specs, verification
 from eagle_mdsd.errors import UsageError
 
+from test_engine import chi_square_p_value, empirical_first_three, exact_first_three
 from tiny import greedy_tokens, tiny_family, tiny_target
 
 PROMPT = [1, 2, 3, 0]
@@ -219,39 +218,19 @@ class StaleReplays(graphs.Emulated):
         return super().run(key, function, *inputs, generator=generator)
 
 
-def first_three_p_value(decoder, target, runs: int) -> float:
-    """Chi-square p-value of the first three sampled tokens against the target's exact joint distribution."""
-    vocab = target.config.vocab_size
-    prompt = torch.tensor([PROMPT])
-    with torch.no_grad():
-        p1 = torch.softmax(target(prompt).logits[0, -1].double(), -1)
-        counts = torch.zeros(vocab**3)
-        for seed in range(runs):
-            x = decoder.generate(PROMPT, 3, 1.0, seed=seed).token_ids
-            counts[x[0] * vocab**2 + x[1] * vocab + x[2]] += 1
-        pairs = torch.cartesian_prod(torch.arange(vocab), torch.arange(vocab))
-        logits = target(torch.cat([prompt.expand(len(pairs), -1), pairs], 1)).logits.double()
-        p2 = torch.softmax(logits[:, -2], -1).gather(1, pairs[:, 1:]).squeeze(1)
-        p3 = torch.softmax(logits[:, -1], -1)
-        exact = (p1[pairs[:, 0]] * p2)[:, None] * p3
-    exact = exact.reshape(-1)
-    keep = exact > 0
-    return stats.chisquare(counts[keep].numpy(), (exact[keep] * runs / exact[keep].sum()).numpy()).pvalue
-
-
 def test_a_graph_replaying_stale_random_numbers_is_caught():
-    # The T = 1 joint-distribution test, on graphs emulated honestly and on graphs that replay the random numbers
-    # of their capture: the first passes (a lossless engine fails with probability 0.1%), the second is caught.
+    # The T = 1 joint-distribution test on graphs that replay the random numbers of their capture.  (Honest
+    # emulated graphs draw what the eager cycle draws, seed for seed, below; test_engine.py samples that cycle on
+    # this tree.)
     target = tiny_target(layers=1)
     draft_head = head.random_head(target)
     with torch.no_grad():
         draft_head.fc.weight.mul_(20.0)
     topology = tree.compile_tree([[0], [1], [0, 0], [0, 1], [1, 0], [1, 1]])
-    honest = engine.Decoder(target, draft_head, topology, "without_replacement", "rrs_wo", cuda_graphs="emulate")
     stale = engine.Decoder(target, draft_head, topology, "without_replacement", "rrs_wo", cuda_graphs="emulate")
     stale.graphs = StaleReplays()
-    assert first_three_p_value(honest, target, 1000) > 1e-3  # the power of test_engine.py's RUNS
-    assert first_three_p_value(stale, target, 200) < 1e-6  # a stale replay draws one sequence again and again
+    counts = empirical_first_three(stale, 1.0, runs=200)
+    assert chi_square_p_value(counts, exact_first_three(target, 1.0)) < 1e-6  # one sequence, again and again
 
 
 @pytest.mark.parametrize("pair", verification.pairs())

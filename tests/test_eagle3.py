@@ -1,5 +1,6 @@
 """EAGLE-3 heads (eagle_mdsd/eagle3.py): the released layout loads, the forward is the published architecture,
-and decoding with one is lossless for every drafter/verifier pair on every kind of tree."""
+and decoding with one is greedy at T = 0 for every drafter/verifier pair and follows the target at T = 1 for
+every drafting scheme."""
 
 from __future__ import annotations
 
@@ -159,7 +160,12 @@ def test_temperature_zero_is_greedy_with_an_eagle3_head_for_every_pair(tiny3, sp
         assert decoder.generate(PROMPT, 12, 0.0).token_ids == reference, (scheme, verifier)
 
 
-CASES = [(s, v, "binary2" if s == "spechub" else "wide") for s, v in verification.pairs()]
+# One pair per drafting scheme, with its own verifier.  The head decides q and the tokens it drafts over (d2t),
+# which the draft phase reads alike for every verifier of a scheme; verification reads (p, q over the target's
+# vocabulary, drafts) whatever the head, and test_engine.py samples every pair with an EAGLE-1 head.
+OWN_PAIRS = [("with_replacement", "rrs_w"), ("without_replacement", "rrs_wo"), ("greedy", "greedy"),
+             ("spechub", "spechub"), ("topk", "topk")]
+CASES = [(s, v, "binary2" if s == "spechub" else "wide") for s, v in OWN_PAIRS]
 
 
 @pytest.mark.parametrize("scheme, verifier, tree_name", CASES, ids=["-".join(c) for c in CASES])
@@ -171,6 +177,11 @@ def test_first_three_tokens_follow_the_target_exactly_with_an_eagle3_head(tiny3,
     assert torch.equal(decoder.draft_model.vocabulary_q(q, ids)[:, outside], torch.zeros(2, len(outside)))
     exact = exact_first_three(target, 1.0)
     assert chi_square_p_value(empirical_first_three(decoder, 1.0), exact) > P_VALUE
+
+
+def test_every_drafting_scheme_is_sampled_with_an_eagle3_head():
+    assert sorted(s for s, _ in OWN_PAIRS) == sorted({s for s, _ in verification.pairs()})
+    assert set(OWN_PAIRS) <= set(verification.pairs())
 
 
 def test_an_eagle3_head_takes_no_draft_vocabulary_option(tiny3):

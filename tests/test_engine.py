@@ -101,9 +101,11 @@ def test_first_three_tokens_follow_the_target_exactly(tiny, scheme, verifier, tr
     assert chi_square_p_value(empirical_first_three(decoder, 1.0), exact) > P_VALUE
 
 
-REDUCED = [("with_replacement", "rrs_w", "wide"), ("with_replacement", "kseq", "wide"),
-           ("without_replacement", "rrs_wo", "wide"), ("greedy", "greedy", "wide"),
-           ("with_replacement", "rrs_w", "binary2"), ("without_replacement", "rrs_wo", "binary2")]
+# The reduced vocabulary changes the draft phase (what q is, the fill), which the verifiers of a scheme share;
+# a q with zeros is verified exactly by every pair (test_core.py's enumeration).
+REDUCED = [("with_replacement", "rrs_w", "wide"), ("without_replacement", "rrs_wo", "wide"),
+           ("greedy", "greedy", "wide"), ("with_replacement", "rrs_w", "binary2"),
+           ("without_replacement", "rrs_wo", "binary2")]
 
 
 @pytest.mark.parametrize("scheme, verifier, tree_name", REDUCED, ids=["-".join(c) for c in REDUCED])
