@@ -110,7 +110,12 @@ def _unreadable(path: Path, why: str) -> UsageError:
     return UsageError(f"weights file {path} cannot be read ({why}): {REFETCH}")
 
 
-def _first_line(error: BaseException) -> str:
+# What torch.load raises on a file cut short, not written by torch.save, or holding objects weights_only refuses
+LOAD_ERRORS = (pickle.UnpicklingError, zipfile.BadZipFile, EOFError, RuntimeError, OSError, ValueError,
+               AttributeError, TypeError, KeyError, IndexError)
+
+
+def first_line(error: BaseException) -> str:
     """The first sentence of an error's first line (torch's and safetensors' messages run on)."""
     text = str(error).strip()
     return text.splitlines()[0].split(". ")[0].rstrip(".")[:120] if text else type(error).__name__
@@ -127,7 +132,7 @@ def layout(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
                 return {key: (handle.get_slice(key).get_dtype(), tuple(handle.get_slice(key).get_shape()))
                         for key in handle.keys()}
         except (SafetensorError, OSError, ValueError) as error:
-            raise _unreadable(path, _first_line(error)) from None
+            raise _unreadable(path, first_line(error)) from None
     return {key: (_dtype_name(value), tuple(value.shape)) for key, value in load(path, mmap=True).items()}
 
 
@@ -152,7 +157,7 @@ def load(path: Path, mmap: bool = False) -> dict[str, torch.Tensor]:
         try:
             return load_file(path)
         except (SafetensorError, OSError, ValueError) as error:
-            raise _unreadable(path, _first_line(error)) from None
+            raise _unreadable(path, first_line(error)) from None
     try:
         try:
             state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
@@ -160,9 +165,8 @@ def load(path: Path, mmap: bool = False) -> dict[str, torch.Tensor]:
             if not mmap:
                 raise
             state = torch.load(path, map_location="cpu", weights_only=True)  # the legacy format maps not
-    except (pickle.UnpicklingError, zipfile.BadZipFile, EOFError, RuntimeError, OSError, ValueError,
-            AttributeError, TypeError, KeyError, IndexError) as error:
-        raise _unreadable(path, _first_line(error)) from None
+    except LOAD_ERRORS as error:
+        raise _unreadable(path, first_line(error)) from None
     if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
                                               for k, v in state.items()):
         raise _unreadable(path, "it holds no mapping of names to tensors")

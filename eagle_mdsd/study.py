@@ -8,6 +8,8 @@ position it stores the target's logits and the logits of two drafts:
 first level) and `truncated` (the target's first third of layers, its final
 norm and lm_head: a draft that shares nothing trained with the head).
 Logits are kept in fp16, one file per task, written atomically (resumable).
+Each file records how it was collected (`settings`: positions, token limit,
+dtype, head checksum), and a rerun reuses only files collected alike.
 
 analyse: at temperature T both distributions are softmax(logits / T).  Each
 position's p and q are truncated to the tokens that carry all but 1e-6 of p,
@@ -33,7 +35,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from . import drafting, head, models, outputs, questions, theory, verification
+from . import checkpoint, drafting, head, models, outputs, questions, theory, verification
 from .benchmarks import machine
 from .drafting import warp
 from .tree import additive_mask
@@ -88,13 +90,45 @@ def _task_positions(target, draft_head, tokenizer, task: str, positions: int, ma
             "truncated": torch.cat(truncated_rows)[:positions], "question_ids": sources, "layers": layers}
 
 
+def read_task(path: Path) -> dict:
+    """A task file `collect` wrote; one that cannot be read (cut short by a full disk or a copy) or holds no
+    collected positions is a one-line error naming it."""
+    fix = "delete it and run `eagle-mdsd study collect` again to collect it anew"
+    try:
+        data = torch.load(path, weights_only=True, mmap=True)  # (mapped: checking a rerun's files reads little)
+    except checkpoint.LOAD_ERRORS as error:
+        raise UsageError(f"task file {path} cannot be read ({checkpoint.first_line(error)}): {fix}") from None
+    if not (isinstance(data, dict) and all(isinstance(data.get(key), torch.Tensor) for key in ("p", *DRAFTS))
+            and isinstance(data.get("settings", {}), dict)):
+        raise UsageError(f"task file {path} holds no collected positions: {fix}")
+    return data
+
+
+def check_task(path: Path, settings: dict) -> None:
+    """Refuse to reuse a task file collected with other `settings` than a rerun's.  A file written before task
+    files recorded their settings shows only its positions, in its rows."""
+    data = read_task(path)
+    made = {"positions": len(data["p"])} | data.get("settings", {})
+    changed = [f"{key} {made[key]} -> {value}" for key, value in settings.items() if made.get(key, value) != value]
+    if changed:
+        raise UsageError(f"task file {path} was collected with other settings ({'; '.join(changed)}): pass the "
+                         f"options it was collected with, or another --run, or delete it to collect it anew")
+
+
 def collect(run: Path, positions: int = 1024, max_new_tokens: int = 128, dtype: str = "bfloat16",
             tasks=TASKS) -> list[Path]:
-    """One file per task in run/; tasks already collected are skipped."""
+    """One file per task in run/; tasks already collected with the same settings are skipped, and a file of
+    other settings is refused (`check_task`) before the model loads."""
+    from .benchmark.records import head_checksum
+
     run = Path(run)
     run.mkdir(parents=True, exist_ok=True)
+    settings = {"positions": positions, "max_new_tokens": max_new_tokens, "dtype": dtype,
+                "head": head_checksum(models.DEFAULT_HEAD)}
     todo = [t for t in tasks if not (run / f"{t}.pt").exists()]
     written = [run / f"{t}.pt" for t in tasks if t not in todo]
+    for path in written:
+        check_task(path, settings)
     if not todo:
         return written
     target, tokenizer = models.load_target(None, models.parse_dtype(dtype))
@@ -103,8 +137,11 @@ def collect(run: Path, positions: int = 1024, max_new_tokens: int = 128, dtype: 
     for task in tqdm(todo, desc="collect p and q"):
         data = _task_positions(target, draft_head, tokenizer, task, positions, max_new_tokens, layers)
         staging = run / f".{task}.pt.tmp"
-        torch.save(data, staging)
+        torch.save(data | {"settings": settings}, staging)
         os.replace(staging, run / f"{task}.pt")
+        for draft in DRAFTS:  # cached rates derive from the task file: those of an earlier file are stale
+            for stale in (run / "rates").glob(f"{task}_{draft}_t*.pt"):
+                stale.unlink()
         written.append(run / f"{task}.pt")
     return written
 
@@ -182,7 +219,7 @@ def _cached_rates(run: Path, task: str, draft: str, temperature: float, n: int, 
     cache = run / "rates" / f"{task}_{draft}_t{temperature:g}_n{n}_{limit or 'all'}_d{draws}.pt"
     if cache.exists():
         return torch.load(cache, weights_only=True)
-    data = torch.load(run / f"{task}.pt", weights_only=True)
+    data = read_task(run / f"{task}.pt")
     rows = slice(None, limit)
     rates = rates_for(data["p"][rows], data[draft][rows], temperature, n, seed=n * 1000 + int(100 * temperature),
                       draws=draws)
@@ -218,7 +255,7 @@ def analyse(run: Path, out_dir: Path, temperature: float = 0.7, n: int = 3, draw
             sweeps[kind][f"{draft}:{x:g}"] = summarise({key: torch.cat(v) for key, v in pooled.items()})
     date = datetime.date.today().isoformat()
     result = {"date": date, "machine": machine(), "temperature": temperature, "n": n, "draws": draws,
-              "epsilon": EPSILON, "positions": {t: len(torch.load(run / f"{t}.pt", weights_only=True)["p"])
+              "epsilon": EPSILON, "positions": {t: len(read_task(run / f"{t}.pt")["p"])
                                                 for t in tasks}, "table_positions": table_positions,
               "table": {f"{task}:{draft}": value for (task, draft), value in table.items()}, "sweeps": sweeps,
               "sweep_positions": sweep_positions}

@@ -370,6 +370,25 @@ def test_a_resumed_run_describes_its_table_and_fresh_runs_never_overwrite(monkey
     assert str(tmp_path / "answers" / "s" / "settings.json") in line
 
 
+@covers("resume-kind")
+def test_a_run_resumes_only_under_the_command_that_made_it(monkeypatch, tmp_path, capsys):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(models, "load_target", interrupted)  # a fresh sweep stopped while its model loads
+    sweep = ["sweep", "--trees", "chain2", "--pairs", "topk/topk", "--answers", tmp_path / "answers", "--out",
+             tmp_path / "pages"]
+    assert run([*sweep, "--name", "s"], capsys)[0] == 130
+    assert json.loads((tmp_path / "answers" / "s" / "settings.json").read_text()) == {"kind": "sweep"}
+    monkeypatch.setattr(models, "load_target", lambda *args, **kwargs: pytest.fail("the model loaded"))
+    for resume in ("s", tmp_path / "answers" / "s"):
+        line = one_line_error(_benchmark(tmp_path, "--resume", resume), capsys, "resume-kind")
+        assert "eagle-mdsd sweep --resume" in line
+    (tmp_path / "answers" / "b").mkdir()
+    (tmp_path / "answers" / "b" / "settings.json").write_text(json.dumps({"kind": "benchmark"}))
+    assert "is a benchmark run, not a sweep run" in one_line_error([*sweep, "--resume", "b"], capsys)
+
+
 @covers("baseline-page")
 def test_a_page_without_eagle_describes_no_tree(monkeypatch, tiny_chat, tmp_path, capsys):
     _tiny_benchmark(monkeypatch, tiny_chat)

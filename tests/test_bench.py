@@ -479,9 +479,22 @@ def test_benchmark_options_that_would_do_nothing_are_refused(monkeypatch, capsys
     for argv, message in ((["--methods", "baseline,hf_generate", "--trees", "chain2"],
                            "--trees does nothing without eagle in --methods"),
                           (["--temperatures", "0", "--sampling-tree", "chain3", "--sampling-pair", "same"],
-                           "--sampling-pair, --sampling-tree do nothing without a temperature above 0: drop them")):
+                           "--sampling-pair, --sampling-tree do nothing without a temperature above 0: drop them"),
+                          (["--all", "--questions", "8"],  # the default's value, given: refused all the same
+                           "--questions 8 does nothing with --all (every question of mt_bench): drop it, or drop --all")):
         assert cli.main(["benchmark", *argv]) == 2
         assert message in capsys.readouterr().err
+
+
+def test_the_benchmark_answers_8_questions_unless_told_how_many_or_all(monkeypatch, tmp_path):
+    from eagle_mdsd import cli
+
+    monkeypatch.chdir(tmp_path)
+    counts = []
+    monkeypatch.setattr(benchmark_run, "run_benchmark", lambda out, answers, plan, *rest: counts.append(plan.count))
+    for argv in ([], ["--questions", "3"], ["--all"]):
+        assert cli.main(["benchmark", "--name", f"run{len(counts)}", *argv]) == 0
+    assert counts == [8, 3, None]
 
 
 def test_the_main_command_measures_afresh_in_a_clone_whose_committed_answers_carry_todays_date(
@@ -759,6 +772,22 @@ def test_a_benchmark_resumes_only_answers_made_with_the_same_settings(tmp_path):
     (folder / "settings.json").unlink()  # answers of unknown origin are not resumed either
     with pytest.raises(ValueError, match="without a settings.json"):
         records.check_settings(folder, settings)
+
+
+def test_a_run_folder_resumes_only_under_the_command_that_made_it(tmp_path):
+    folder = tmp_path / "r"
+    records.open_run_folder(folder, [], new_run=True, kind="sweep")  # a fresh run records its command at once
+    records.check_settings(folder, {"dtype": "bfloat16"})  # the answers' settings join that record
+    assert json.loads((folder / "settings.json").read_text()) == {"kind": "sweep", "dtype": "bfloat16"}
+    records.open_run_folder(folder, [], new_run=False, kind="sweep")
+    refused = re.escape(f"{folder} is a sweep run, not a benchmark run") + ".*eagle-mdsd sweep --resume"
+    with pytest.raises(UsageError, match=refused):
+        records.open_run_folder(folder, [], new_run=False, kind="benchmark")
+    (folder / "settings.json").write_text(json.dumps({"dtype": "bfloat16"}))  # recorded before runs named a kind
+    records.open_run_folder(folder, [], new_run=False, kind="benchmark")
+    (folder / "settings.json").write_text(json.dumps({"kind": "generate"}))
+    with pytest.raises(UsageError, match="'kind' that is no command that makes runs"):
+        records.open_run_folder(folder, [], new_run=False, kind="benchmark")
 
 
 def test_answers_name_the_machine_they_were_timed_on(tmp_path, monkeypatch):

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+import types
+
 import pytest
 import torch
 
@@ -94,3 +97,70 @@ def test_study_counts_below_their_least_are_refused_by_the_parser(option, least,
         cli.build_parser().parse_args(["study", "all", option, str(least - 1)])
     assert stop.value.code == 2 and f"argument {option}: must be at least {least}, got {least - 1}" in \
         capsys.readouterr().err
+
+
+def _task_file(path, positions: int, settings: dict | None) -> None:
+    """A task file as `study.collect` writes it: `positions` rows of logits over 5 tokens per draft."""
+    data = {key: torch.zeros(positions, 5).half() for key in ("p", *study.DRAFTS)} | {"question_ids": [81],
+                                                                                         "layers": 10}
+    torch.save(data | ({"settings": settings} if settings is not None else {}), path)
+
+
+def test_collect_reuses_only_task_files_collected_with_the_same_settings(tmp_path, monkeypatch):
+    from eagle_mdsd import models
+    from eagle_mdsd.benchmark import records
+
+    monkeypatch.setattr(models, "load_target", lambda *args, **kwargs: pytest.fail("the model loaded"))
+    head = records.head_checksum(models.DEFAULT_HEAD)
+    made = {"positions": 4, "max_new_tokens": 128, "dtype": "bfloat16", "head": head}
+    _task_file(tmp_path / "qa.pt", 4, made)
+    for options, changed in (({"positions": 8}, "positions 4 -> 8"), ({"positions": 4, "max_new_tokens": 16},
+                                                                      "max_new_tokens 128 -> 16"),
+                             ({"positions": 4, "dtype": "float32"}, "dtype bfloat16 -> float32")):
+        with pytest.raises(study.UsageError, match=re.escape(f"task file {tmp_path / 'qa.pt'} was collected with "
+                                                             f"other settings ({changed}): ")):
+            study.collect(tmp_path, tasks=("qa",), **options)
+    assert study.collect(tmp_path, positions=4, tasks=("qa",)) == [tmp_path / "qa.pt"]  # the same: reused
+    _task_file(tmp_path / "qa.pt", 4, made | {"head": "0123"})  # collected with another head
+    with pytest.raises(study.UsageError, match=f"head 0123 -> {head}"):
+        study.collect(tmp_path, positions=4, tasks=("qa",))
+    _task_file(tmp_path / "qa.pt", 4, None)  # written before task files recorded their settings: its rows show
+    assert study.collect(tmp_path, positions=4, tasks=("qa",)) == [tmp_path / "qa.pt"]  # how many positions
+    with pytest.raises(study.UsageError, match="positions 4 -> 8"):
+        study.collect(tmp_path, positions=8, tasks=("qa",))
+
+
+def test_a_corrupt_task_file_is_one_line_naming_it_and_the_fix(tmp_path, monkeypatch, capsys):
+    from eagle_mdsd import cli, models
+
+    monkeypatch.setattr(models, "load_target", lambda *args, **kwargs: pytest.fail("the model loaded"))
+    _task_file(tmp_path / "mt_bench.pt", 4, None)
+    whole = (tmp_path / "mt_bench.pt").read_bytes()
+    (tmp_path / "mt_bench.pt").write_bytes(whole[: len(whole) // 2])  # cut short, as by a full disk or a copy
+    assert cli.main(["study", "collect", "--run", str(tmp_path), "--positions", "4"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert f"task file {tmp_path / 'mt_bench.pt'} cannot be read" in err and "delete it" in err
+    torch.save([1, 2], tmp_path / "mt_bench.pt")  # torch's format, but no collected positions
+    with pytest.raises(study.UsageError, match="holds no collected positions: delete it"):
+        study.collect(tmp_path, positions=4, tasks=("mt_bench",))
+    for task in ("translation", "summarization", "qa", "math_reasoning"):
+        _task_file(tmp_path / f"{task}.pt", 4, None)
+    with pytest.raises(study.UsageError, match="mt_bench.pt holds no collected positions"):  # analyse reads it too
+        study.analyse(tmp_path, tmp_path / "out")
+
+
+def test_collecting_a_task_anew_drops_the_rates_cached_from_its_old_file(tmp_path, monkeypatch):
+    from eagle_mdsd import head, models
+
+    target = types.SimpleNamespace(config=types.SimpleNamespace(num_hidden_layers=30))
+    monkeypatch.setattr(models, "load_target", lambda *args, **kwargs: (target, "tokenizer"))
+    monkeypatch.setattr(head, "load_head", lambda *args: "head")
+    monkeypatch.setattr(study, "_task_positions", lambda *args: {"p": torch.zeros(4, 5).half()})
+    cached = [tmp_path / "rates" / f"qa_{draft}_t0.7_n3_all_d8.pt" for draft in study.DRAFTS]
+    kept = tmp_path / "rates" / "math_reasoning_eagle_t0.7_n3_all_d8.pt"
+    for path in (*cached, kept):
+        path.parent.mkdir(exist_ok=True)
+        torch.save({}, path)
+    study.collect(tmp_path, positions=4, tasks=("qa",))
+    assert [path.exists() for path in cached] == [False, False] and kept.exists()

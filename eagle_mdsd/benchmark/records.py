@@ -1,6 +1,6 @@
-"""A run's folder and its records: made once for a fresh run, its settings.json (how its answers are made and
-the machine they are timed on), so that a rerun resumes only answers made the same way, and the command that
-continues it."""
+"""A run's folder and its records: made once for a fresh run, its settings.json (the command that made it, how its
+answers are made and the machine they are timed on), so that a rerun resumes only answers made the same way by
+the same command, and the command that continues it."""
 
 from __future__ import annotations
 
@@ -15,16 +15,26 @@ from ..benchmarks import machine, machine_line
 from ..errors import UsageError, read_json
 
 
-def open_run_folder(folder: Path, pages: list[Path], new_run: bool) -> None:
-    """Before the model loads: a fresh run (`new_run`) makes `folder` in one step and refuses `pages` that exist
-    (a page is never overwritten, a folder never shared); a resumed one reads its settings.json, so that a broken
-    record is a one-line error now."""
+KINDS = ("benchmark", "sweep")  # the commands that make run folders; settings.json's "kind" names one
+UNCHECKED = ("kind", "machine")  # what settings.json records beside how answers are made, each checked apart
+
+
+def open_run_folder(folder: Path, pages: list[Path], new_run: bool, kind: str) -> None:
+    """Before the model loads: a fresh run (`new_run`) makes `folder` in one step, records that command `kind`
+    (one of KINDS) made it, and refuses `pages` that exist (a page is never overwritten, a folder never shared); a
+    resumed one reads its settings.json, so that a broken record, or a run of the other kind, is a one-line error
+    now.  A record without a kind, written before runs named theirs, resumes under either."""
     name = Path(folder).name
+    record = Path(folder) / "settings.json"
     if new_run:
         outputs.refuse_existing(pages, "page", "pass another --name, or another --out")
         outputs.new_run_folder(Path(folder), f"pass another --name, or --resume {name} to continue it")
-    elif (Path(folder) / "settings.json").exists():
-        read_settings(Path(folder) / "settings.json")
+        _write_settings(folder, {"kind": kind})
+    elif record.exists():
+        made = read_settings(record).get("kind", kind)
+        if made != kind:
+            raise UsageError(f"{folder} is a {made} run, not a {kind} run (its settings.json says so): continue it "
+                             f"with eagle-mdsd {made} --resume {folder}, or give --resume a {kind} run")
 
 
 def file_safe(text: str) -> str:
@@ -46,17 +56,17 @@ def head_checksum(folder: Path) -> str:
 def check_settings(folder: Path, settings: dict) -> None:
     """Record how folder's answers are made (settings.json), or refuse to resume answers made otherwise."""
     record = Path(folder) / "settings.json"
-    if record.exists():
-        made = read_settings(record)
+    made = read_settings(record) if record.exists() else {}
+    if set(made) - set(UNCHECKED):  # a fresh run's record holds only its kind until its settings join it
         changed = [f"{key} {made.get(key)} -> {value}" for key, value in settings.items() if made.get(key) != value]
         if changed:
             raise UsageError(f"{folder} holds answers made with other settings ({'; '.join(changed)}): pass "
                              f"another --name, or delete the folder to start over")
         return
     if any(Path(folder).glob("*.jsonl")):
-        raise UsageError(f"{folder} holds answers without a settings.json, made with unknown settings: pass "
+        raise UsageError(f"{folder} holds answers without a settings.json record of how they were made: pass "
                          f"another --name, or delete the folder to start over")
-    _write_settings(folder, settings)
+    _write_settings(folder, made | settings)
 
 
 def read_settings(record: Path) -> dict:
@@ -69,6 +79,10 @@ def read_settings(record: Path) -> dict:
                                            and isinstance(machine_record["cpu"], str)):
         raise UsageError(f"run settings {record} has a 'machine' that is no record of a machine: restore it from "
                          f"the run's copy, or delete the run folder to start over")
+    if made.get("kind", KINDS[0]) not in KINDS:
+        raise UsageError(f"run settings {record} has a 'kind' that is no command that makes runs ({made['kind']!r}, "
+                         f"not one of {', '.join(KINDS)}): restore it from the run's copy, or delete the run folder "
+                         f"to start over")
     return made
 
 

@@ -21,7 +21,7 @@ def sweep(out: Path, answers: Path, plan: SweepPlan = SweepPlan(), command: str 
     chosen = selection.spread(questions.load(plan.bench_name), plan.count)
     name = plan.name or f"sweep_{datetime.date.today().isoformat()}_{plan.dtype}"
     out, folder = Path(out), Path(answers) / name
-    records.open_run_folder(folder, [out / f"{name}.md", out / f"{name}.json"], plan.new_run)
+    records.open_run_folder(folder, [out / f"{name}.md", out / f"{name}.json"], plan.new_run, "sweep")
     rows = []
     try:  # from here on, the run's folder is there (empty while the model loads) and resumes
         target, tokenizer = models.load_target(None, models.parse_dtype(plan.dtype), plan.device)
