@@ -228,4 +228,10 @@ def checked_draft_vocab(head, draft_vocab) -> int | None:
                              "export it with `eagle-mdsd train-head export`, or leave --draft-vocab out")
         if draft_vocab < 1:
             raise UsageError(f"--draft-vocab must be at least 1, got {draft_vocab}")
+        # Not clamped: a number past the vocabulary is a typo or a head for another target, and would draft over
+        # the whole ranking while the settings recorded the number given.
+        vocab = head.config.vocab_size  # the target's (load_head refuses a head that does not fit it)
+        if draft_vocab > vocab:
+            raise UsageError(f"--draft-vocab {draft_vocab} is more than the target's vocabulary of {vocab} tokens: "
+                             f"give at most {vocab}, or 'full' to draft over all of them")
     return draft_vocab

@@ -66,8 +66,24 @@ def load(spec: str, device="cpu", **overrides):
         if values["total_tokens"] < 2:
             raise UsageError(f"eagle2: --total-tokens (total_tokens) counts the root and its drafts, so it must be "
                              f"at least 2, got {values['total_tokens']}")
-        return dynamic.make(name, values["total_tokens"] - 1, values["depth"], values["top_k"])
-    return dynamic.make(name, values["nodes"], values["max_depth"], values["top_k"], values["threshold"])
+        return check_growth(spec, dynamic.make(name, values["total_tokens"] - 1, values["depth"], values["top_k"]))
+    return check_growth(spec, dynamic.make(name, values["nodes"], values["max_depth"], values["top_k"],
+                                           values["threshold"]))
+
+
+def check_growth(spec: str, tree: dynamic.DynamicTree) -> dynamic.DynamicTree:
+    """`tree`, or a one-line error when its growth exceeds what a tree may hold (static_trees.MAX_NODES).
+
+    A cycle adds top_k x depth head expansions to the head's cache (DynamicTree.size) and grows
+    top_k + (depth - 1) x top_k^2 candidates, each expanded one with a q row over the vocabulary: top_k=20000
+    would ask for gigabytes before the first draft.  Bounding the expansions as a tree's nodes are keeps every
+    such buffer small, and refuses the spec here, before the decoder allocates any of them."""
+    depth = "depth" if tree.name == "eagle2" else "max_depth"
+    if tree.top_k * tree.max_depth > static_trees.MAX_NODES:
+        raise UsageError(f"tree {spec!r}: top_k (--top-k) {tree.top_k} x {depth} ({_flags([depth])}) "
+                         f"{tree.max_depth} = {tree.top_k * tree.max_depth} head expansions a cycle, and at most "
+                         f"{static_trees.MAX_NODES} are supported (a tree's most nodes): lower top_k or {depth}")
+    return tree
 
 
 def split(spec: str) -> tuple[str, int | None]:

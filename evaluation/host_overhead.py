@@ -21,7 +21,8 @@ transformers `generate` (greedy, DynamicCache, the same model) is the per-step r
 
     .venv/bin/python evaluation/host_overhead.py [--tokens 48] [--out DIR]
 
-Writes DIR/host_overhead.md (default runs/host_overhead/DATE_HOST_TIME/).
+Writes DIR/host_overhead.md (default runs/host_overhead/DATE_HOST_TIME/), whole after every row: a run cut short
+leaves the rows it finished, on a page that names the rows it did not measure.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ import torch
 import transformers
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from eagle_mdsd import benchmarks, engine, head, hostsync, tree_specs, verification
+from eagle_mdsd import benchmarks, engine, head, hostsync, outputs, tree_specs, verification
 from eagle_mdsd.cli.options import count
 
 ROWS = [  # (label, method, tree, drafter, verifier, temperature)
@@ -137,7 +138,8 @@ def main() -> None:
     runners = [("transformers `generate` step", transformers_generate(target, args.tokens), None)]
     runners += [(row[0], ours(target, draft_head, row, args.tokens, args.kernels),
                  ours(target, draft_head, row, args.tokens, args.kernels, "emulate")) for row in ROWS]
-    for label, runner, emulated in runners:
+    page = out / "host_overhead.md"
+    for done, (label, runner, emulated) in enumerate(runners, 1):
         runner.ms(1)  # warm-up; with graphs it also captures them
         graphed = None
         if emulated is not None:
@@ -145,11 +147,20 @@ def main() -> None:
             graphed = emulated.counts()
         rows.append((label, runner.counts(), runner.ms(args.repeats), graphed))
         print(f"{label}: {rows[-1][1]} {rows[-1][2]:.2f} ms; graphs emulated: {graphed}", flush=True)
-    plain = next(counts for label, counts, _, _ in rows if label == "our plain step")
-    plain_ms = next(ms for label, _, ms, _ in rows if label == "our plain step")
+        outputs.write_atomically(page, markdown(rows, [label for label, _, _ in runners[done:]], args, stamp))
+    print(f"wrote {page}")
+
+
+def markdown(rows: list[tuple], left: list[str], args, stamp: datetime) -> str:
+    """The page of the rows measured so far, (label, counts, ms, counts with graphs emulated or None) each; `left`
+    the labels of the rows not measured yet (empty: the run is complete).  The ratios to our plain step are '-'
+    until it is measured."""
+    plain = next(((counts, ms) for label, counts, ms, _ in rows if label == "our plain step"), None)
     lines = [
         "# Host cost of the decoding loop, per cycle",
         "",
+        *([f"Partial: {len(rows)} of the run's {len(rows) + len(left)} rows measured (it was cut short, or is still "
+           f"running); not measured: {'; '.join(left)}.", ""] if left else []),
         f"Machine: {benchmarks.machine_line(benchmarks.machine())}, transformers {transformers.__version__}, "
         f"Python {platform.python_version()}; {stamp:%Y-%m-%d}.",
         "",
@@ -175,14 +186,14 @@ def main() -> None:
     for label, counts, ms, graphed in rows:
         emulated = ("| - | - | - |" if graphed is None else
                     f"| {graphed['ops']:.0f} | {graphed['replays']:.1f} | {graphed['transfers']:.2f} |")
+        ops_ratio, ms_ratio = ("-", "-") if plain is None else (f"{counts['ops'] / plain[0]['ops']:.2f}x",
+                                                              f"{ms / plain[1]:.2f}x")
         lines.append(f"| {label} | {counts['transfers']:.2f} | {counts['uploads']:.2f} | {counts['ops']:.0f} | "
-                     f"{counts['ops'] / plain['ops']:.2f}x | {ms:.2f} | {ms / plain_ms:.2f}x {emulated}")
+                     f"{ops_ratio} | {ms:.2f} | {ms_ratio} {emulated}")
     lines += ["", "Transfers: item, tolist, nonzero, numpy, bool(), int(), float(), a tensor as an index "
               "(eagle_mdsd/hostsync.py). Tensors from host data: torch.tensor and torch.as_tensor of Python "
               "values.", ""]
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "host_overhead.md").write_text("\n".join(lines))
-    print(f"wrote {out / 'host_overhead.md'}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

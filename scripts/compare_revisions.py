@@ -14,7 +14,8 @@ refuses it (opt_tree takes deterministic children only) samples with topk/topk, 
 --first-cycles N also runs each question's first cycle N times a seed (a call of depth + 1 tokens) and compares
 the mean accepted length: one context, so sampled answers that diverge do not make it noisy.
 
-Writes evaluation/results/NAME.md (default engine_vs_REV_<date>_<dtype>).
+Writes evaluation/results/NAME.md (default engine_vs_REV_<date>_<dtype>), whole after every cell (a tree at a
+temperature): a run cut short leaves the cells it finished, on a page that names the cells it did not measure.
 """
 
 from __future__ import annotations
@@ -35,11 +36,12 @@ from pathlib import Path
 
 import torch
 
-from eagle_mdsd import (bench, benchmarks, drafting, dynamic, engine, head, lookup, models, questions, tree_specs,
-                        verification)
+from eagle_mdsd import (bench, benchmarks, drafting, dynamic, engine, head, lookup, models, outputs, questions,
+                        tree_specs, verification)
 from eagle_mdsd.errors import check_temperature
 
 ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "evaluation" / "results"
 
 
 def engine_at(revision: str, folder: Path):
@@ -187,27 +189,44 @@ def main() -> None:
     every = questions.load("mt_bench")
     chosen = every[:: max(1, min(10, len(every) // args.questions))][: args.questions]  # spread over the categories
     prompts = [bench.conversation_ids(tokenizer, [q["turns"][0]], []) for q in chosen]
+    machine = benchmarks.machine()
+    out = RESULTS / f"{name}.md"
+    measured = cells(trees, args)
     rows, firsts = [], []
     with tempfile.TemporaryDirectory() as folder:
         old_engine = engine_at(args.revision, Path(folder))
-        for spec, topology in trees.items():
-            for temperature in args.temperatures:
-                pair = pair_for(topology, args.pair, temperature)
-                decoders = decoders_for(old_engine, target, draft_head, topology, pair, eos)
-                label = spec if args.method == "eagle" else "plain decoding"
-                rows += timed_rows(decoders, prompts, f"{label}, {pair}" if args.method == "eagle" else label,
-                                   temperature, args)
-                if args.first_cycles and args.method == "eagle":
-                    firsts += [f"| {spec} " + row for row in first_cycle_rows(
-                        decoders, prompts, topology.max_depth + 1, temperature, args.first_cycles)]
-                    print(*firsts[-2:], sep="\n")
-                del decoders
-            if args.method != "eagle":
-                break
+        for done, (spec, topology, temperature) in enumerate(measured, 1):
+            pair = pair_for(topology, args.pair, temperature)
+            decoders = decoders_for(old_engine, target, draft_head, topology, pair, eos)
+            label = spec if args.method == "eagle" else "plain decoding"
+            rows += timed_rows(decoders, prompts, f"{label}, {pair}" if args.method == "eagle" else label,
+                               temperature, args)
+            if args.first_cycles and args.method == "eagle":
+                firsts += [f"| {spec} " + row for row in first_cycle_rows(
+                    decoders, prompts, topology.max_depth + 1, temperature, args.first_cycles)]
+                print(*firsts[-2:], sep="\n")
+            del decoders
+            left = [f"{spec if args.method == 'eagle' else 'plain decoding'} at T = {t:g}" for spec, _, t in
+                    measured[done:]]
+            outputs.write_atomically(out, page(args, date, machine, chosen, rows, firsts, left, len(measured)))
+            print(f"wrote {out} ({done} of {len(measured)} cells)", flush=True)
 
-    machine = benchmarks.machine()
-    text = "\n".join([
+
+def cells(trees: dict, args) -> list[tuple]:
+    """(spec, topology, temperature) of each cell in the order measured; plain decoding drafts no tree, so it
+    measures the first tree's temperatures alone."""
+    every = [(spec, topology, temperature) for spec, topology in trees.items() for temperature in args.temperatures]
+    return every if args.method == "eagle" else every[: len(args.temperatures)]
+
+
+def page(args, date: str, machine: dict, chosen: list, rows: list[str], firsts: list[str], left: list[str],
+         total: int) -> str:
+    """The page of the cells measured so far: `rows` and `firsts` their table rows, `left` the names of the
+    `total` cells not measured yet (empty: the run is complete)."""
+    return "\n".join([
         f"# Engine at {args.revision} against the working tree, {date}", "",
+        *([f"Partial: {total - len(left)} of the run's {total} cells measured (it was cut short, or is still "
+           f"running); not measured: {', '.join(left)}.", ""] if left else []),
         f"Machine: {machine['cpu']}, {machine['threads']} torch threads, torch {machine['torch']}, {args.dtype}. "
         + ("Embedded default with the shipped head, draft vocabulary auto; " if args.method == "eagle" else
            "Embedded default, plain decoding (method baseline); ")
@@ -232,9 +251,6 @@ def main() -> None:
            "on each seed in turn; accepted length counts the bonus token.", "",
            "| tree | T | engine | first cycles | mean accepted length | standard error | against the revision |",
            "|---|---|---|---|---|---|---|", *firsts, ""] if firsts else [])])
-    out = ROOT / "evaluation" / "results" / f"{name}.md"
-    out.write_text(text)
-    print(f"wrote {out.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

@@ -50,3 +50,50 @@ def test_a_revision_with_a_slash_or_a_tilde_imports_as_a_package_of_its_own(scri
         pytest.skip("not a git checkout")
     engine = script.engine_at("HEAD~0", tmp_path)
     assert engine.__name__ == "eagle_mdsd_at_HEAD_0.engine" and hasattr(engine, "Decoder")
+
+
+def test_the_page_is_written_whole_after_every_cell_and_says_which_cells_a_cut_run_left(script, tmp_path,
+                                                                                       monkeypatch):
+    """The page was written only at the end: Ctrl-C an hour in lost every finished cell.  The models and engines are
+    stand-ins; a cell's rows name its tree and temperature."""
+    import subprocess
+    import sys
+
+    if subprocess.run(["git", "rev-parse", "HEAD"], cwd=script.ROOT, capture_output=True).returncode != 0:
+        pytest.skip("not a git checkout")
+    monkeypatch.setattr(script, "RESULTS", tmp_path)
+    monkeypatch.setattr(script.models, "load_target", lambda *args: (None, None))
+    monkeypatch.setattr(script.head, "load_head", lambda *args: None)
+    monkeypatch.setattr(script.models, "eos_token_ids", lambda *args: ())
+    monkeypatch.setattr(script.bench, "conversation_ids", lambda *args: [1])
+    monkeypatch.setattr(script, "engine_at", lambda *args: None)
+    monkeypatch.setattr(script, "decoders_for", lambda *args: {})
+    cells = []
+
+    def timed_rows(decoders, prompts, label, temperature, args):
+        if len(cells) == stop_at:
+            raise KeyboardInterrupt
+        cells.append((label, temperature))
+        return [f"| {label} | {temperature:g} | revision |", f"| {label} | {temperature:g} | working tree |"]
+
+    monkeypatch.setattr(script, "timed_rows", timed_rows)
+    monkeypatch.setattr(sys, "argv", ["compare_revisions.py", "HEAD", "--questions", "2", "--trees", "chain2",
+                                      "chain3", "--temperatures", "0", "1", "--name", "page"])
+    stop_at = 3
+    with pytest.raises(KeyboardInterrupt):
+        script.main()
+    page = (tmp_path / "page.md").read_text()
+    assert [line for line in page.splitlines() if line.startswith("| chain")] == [
+        "| chain2, topk/topk | 0 | revision |", "| chain2, topk/topk | 0 | working tree |",
+        "| chain2, topk/topk | 1 | revision |", "| chain2, topk/topk | 1 | working tree |",
+        "| chain3, topk/topk | 0 | revision |", "| chain3, topk/topk | 0 | working tree |"]
+    assert ("Partial: 3 of the run's 4 cells measured (it was cut short, or is still running); not measured: "
+            "chain3 at T = 1.") in page
+    assert [path.name for path in tmp_path.iterdir()] == ["page.md"]  # no temporary file left beside it
+
+    cells.clear()
+    stop_at = None
+    script.main()
+    whole = (tmp_path / "page.md").read_text()
+    assert "Partial" not in whole and whole.count("| chain3, topk/topk | 1 |") == 2
+    assert [path.name for path in tmp_path.iterdir()] == ["page.md"]

@@ -95,6 +95,9 @@ def test_more_children_a_node_than_the_vocabulary_holds_is_a_one_line_error(tiny
     ("opt_tree:threshold=-1", "--threshold must be a number >= 0"),
     ("opt_tree:depth=3", "unknown option 'depth'"),
     ("eagle2:depth=two", "depth must be a number"),
+    # a growth's candidates and q rows scale with top_k^2 x depth: refused before any is allocated
+    ("eagle2:top_k=20000", r"top_k \(--top-k\) 20000 x depth \(--depth\) 3 = 60000 .* at most 1024"),
+    ("opt_tree:max_depth=5000,top_k=1", r"top_k \(--top-k\) 1 x max_depth \(--max-depth\) 5000 = 5000"),
 ])
 def test_bad_dynamic_trees_are_one_line_errors(spec, message):
     with pytest.raises(ValueError, match=message):

@@ -187,6 +187,19 @@ def test_draft_vocabulary_round_trip_and_check(tmp_path):
         head.load_head(str(folder), target)
 
 
+def test_a_draft_vocabulary_larger_than_the_targets_is_a_one_line_error():
+    """--draft-vocab 10000000 was taken as the whole ranking: a number past the target's vocabulary is a typo."""
+    from eagle_mdsd import engine
+
+    target = tiny_target(vocab=11)
+    draft_head = head.random_head(target)
+    draft_head.draft_vocab = list(range(11))
+    with pytest.raises(UsageError, match=r"--draft-vocab 10000000 is more than the target's vocabulary of 11 "
+                                         r"tokens: give at most 11, or 'full'"):
+        engine.Decoder(target, draft_head, tree.load("chain2"), draft_vocab=10_000_000)
+    assert head.checked_draft_vocab(draft_head, 11) == 11  # the whole vocabulary is a draft vocabulary too
+
+
 def test_head_that_does_not_fit_is_refused(tmp_path):
     small = tiny_target(vocab=11, hidden=32)
     folder = head.save_head(head.random_head(small), tmp_path / "head")

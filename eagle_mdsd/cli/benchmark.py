@@ -15,8 +15,10 @@ def add_parser(sub) -> None:
                             parents=[options.model(base_model=False, auto=True), options.engine(profile=False),
                                      options.run_folder("benchmark")])
     parser.add_argument("--bench", default="mt_bench")
-    parser.add_argument("--questions", type=options.count(1), default=8, help="questions, spread over the categories")
-    parser.add_argument("--all", action="store_true", help="every question of --bench")
+    # None when not given, so that --all can refuse a --questions that equals the default
+    parser.add_argument("--questions", type=options.count(1), default=None,
+                        help=f"questions, spread over the categories (default {plans.BenchmarkPlan.count})")
+    parser.add_argument("--all", action="store_true", help="every question of --bench (not with --questions)")
     parser.add_argument("--temperatures", default="0,1")
     parser.add_argument("--methods", default=",".join(options.METHODS))
     parser.add_argument("--max-new-tokens", type=options.count(1), default=128,
@@ -41,8 +43,11 @@ def add_parser(sub) -> None:
 
 
 def check_options(args, temperatures) -> None:
-    """Refuse EAGLE's options when no EAGLE runs and the sampling ones when no T > 0 does; check the trees and
-    pairs before any model loads."""
+    """Refuse --questions with --all, EAGLE's options when no EAGLE runs and the sampling ones when no T > 0 does;
+    check the trees and pairs before any model loads."""
+    if args.all and args.questions is not None:
+        options.refuse_unread([f"--questions {args.questions}"], f"with --all (every question of {args.bench})",
+                              f"drop --all for {args.questions} spread over the categories")
     methods = args.methods.split(",")
     if "eagle" not in methods:
         options.refuse_unread(options.given(args, args.eagle_options), "without eagle in --methods")
@@ -70,7 +75,8 @@ def run(args) -> None:
         run = broadcast_object_list(run)
     name, args.answers, args.out = run
     plan = plans.BenchmarkPlan(
-        bench_name=args.bench, count=None if args.all else args.questions, temperatures=temperatures,
+        bench_name=args.bench, count=None if args.all else args.questions or plans.BenchmarkPlan.count,
+        temperatures=temperatures,
         methods=tuple(args.methods.split(",")), trees=tuple(args.trees), drafter=args.scheme, verifier=args.verifier,
         sampling_pair=args.sampling_pair, sampling_tree=args.sampling_tree, draft_vocab=args.draft_vocab,
         kernels_choice=args.kernels, cuda_graphs=args.cuda_graphs, dtype=args.dtype, device=args.device,
