@@ -56,7 +56,8 @@ class SharedLayer(DynamicLayer):
 
 
 class KVCache(Cache):
-    """All layers' keys and values in one preallocated buffer (allocated on the first write)."""
+    """All layers' keys and values in one preallocated buffer: allocated when the cache is made where its maker
+    knows the entries' shape (`for_attention`), else on the first write."""
 
     def __init__(self, layers: int, capacity: int):
         self.capacity, self.length, self.buffer = capacity, 0, None
@@ -64,13 +65,29 @@ class KVCache(Cache):
         self.slots, self.span, self.appending = None, 0, 0
         super().__init__(layers=[SharedLayer(self, i) for i in range(layers)])
 
+    @classmethod
+    def for_attention(cls, layers: int, capacity: int, attention: torch.nn.Module) -> "KVCache":
+        """A cache for `layers` stock attention modules like `attention` (its config's key/value heads, its
+        head_dim, its k_proj's dtype and device; batch 1), its buffer allocated now.  A phase of the cycle may write
+        a cache first (the head's, where a one-token prompt leaves it no pair to read before the first cycle):
+        allocated on that write, inside a CUDA graph's warm-up, the buffer would belong to the warm-up's side
+        stream while the default stream uses it, a use the caching allocator does not see when it frees it."""
+        cache = cls(layers, capacity)
+        cache.buffer = attention.k_proj.weight.new_zeros(layers, 2, 1, attention.config.num_key_value_heads,
+                                                         capacity, attention.head_dim)
+        return cache
+
     def allocate(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         if key_states.shape[-1] != value_states.shape[-1]:
             raise UsageError(f"keys of size {key_states.shape[-1]} and values of size {value_states.shape[-1]} a "
                              f"head: this cache keeps both in one buffer and needs them the same size")
+        batch, heads, _, head_dim = key_states.shape
+        shape = (len(self.layers), 2, batch, heads, self.capacity, head_dim)
         if self.buffer is None:
-            batch, heads, _, head_dim = key_states.shape
-            self.buffer = key_states.new_zeros(len(self.layers), 2, batch, heads, self.capacity, head_dim)
+            self.buffer = key_states.new_zeros(shape)
+        elif self.buffer.shape != shape or self.buffer.dtype != key_states.dtype:
+            raise RuntimeError(f"a KV cache of shape {tuple(self.buffer.shape)} and {self.buffer.dtype} is written "
+                               f"the entries of one of shape {shape} and {key_states.dtype}")
 
     def append(self, count: int, device) -> None:
         """The next forward writes `count` entries after the committed ones and reads all of them (eager)."""

@@ -75,7 +75,7 @@ class DraftModel:
         return len(self.ids) if self.ids is not None else self.lm_head.weight.shape[0]
 
     def new_cache(self, capacity: int) -> KVCache:
-        return KVCache(len(self.head.layers), capacity)
+        return KVCache.for_attention(len(self.head.layers), capacity, self.head.layers[0].self_attn)
 
     def forward(self, cache: KVCache, features, tokens, positions, mask):
         """Predicted features [k, H] of k (feature, token) pairs; their entries go to the cache's slots and the

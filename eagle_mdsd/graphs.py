@@ -5,7 +5,10 @@ attention over the whole capacity with a mask) has the same shapes every cycle, 
 and replayed: one launch instead of the hundreds of ops of a forward issued from Python.  A graph
 reads its inputs from buffers of its own (the call's values are copied in before each replay) and
 writes into the same output tensors every time; the graphs share one memory pool, so a caller uses
-(or copies) a graph's outputs before the next replay of any graph.
+(or copies) a graph's outputs before the next replay of any graph.  What a function keeps beyond its call
+(caches, state between cycles) it writes into tensors made before its warm-up: the warm-up's allocations
+belong to a side stream, the capture's to the pool.  Graphs are captured and replayed with their device
+current, which need not be the process's.
 
 Capture happens on a graph's first call and its seconds are counted apart (`seconds`), so that the
 decoder can keep them out of the timed region.  If the stock modules refuse capture, the command ends in one
@@ -66,35 +69,46 @@ class Graphs:
 
     refusals: tuple = (RuntimeError,)  # what a capture raises when CUDA does not allow what the function does
 
-    def __init__(self):
+    def __init__(self, device=None):
+        """device: the CUDA device of the functions' tensors (None: the current one), made current while its graphs
+        are captured and replayed: a capture records the work of the current device's capturing stream alone, and
+        draws from the default generator of the device current as it begins (`generator`)."""
+        self.device = None if device is None else torch.device(device)
         self.entries: dict = {}
         self.seconds = 0.0  # spent warming up and capturing
         self.pool = None  # the memory pool this object's graphs share; a new one once they are all forgotten
+        self.stream = None  # the side stream their warm-ups and captures run on, made on `device`
 
     def run(self, key, function, *inputs, generator: torch.Generator | None = None):
         """key: (what, the id of the object whose buffers the function uses, ...), as `forget` reads it.
         generator: the one the function draws from; warm-up and capture leave its state as they found it, so
         the first replay draws what an eager call would."""
-        entry = self.entries.get(key)
-        if entry is None:
-            start = time.perf_counter()
-            state = None if generator is None else generator.get_state()
-            buffers = self._warm_up(function, inputs)  # an error here is the call's own: it is raised
-            try:
-                entry = self._capture(function, buffers)
-            except self.refusals as error:  # the stock modules did something capture does not allow
-                why = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-                raise UsageError(f"CUDA graph capture failed ({why}): run with --cuda-graphs off (a process whose "
-                                 f"capture failed cannot go on on CUDA)") from error
-            finally:
-                self.seconds += time.perf_counter() - start
-            _restore(generator, state)
-            self.entries[key] = entry
-        buffers, graph, outputs = entry
-        for buffer, value in zip(buffers, inputs):
-            buffer.copy_(value)
-        graph.replay()
+        with contextlib.nullcontext() if self.device is None else torch.cuda.device(self.device):
+            entry = self.entries.get(key)
+            if entry is None:
+                entry = self._new(key, function, inputs, generator)
+            buffers, graph, outputs = entry
+            for buffer, value in zip(buffers, inputs):
+                buffer.copy_(value)
+            graph.replay()
         return outputs
+
+    def _new(self, key, function, inputs, generator):
+        """The entry (input buffers, graph, outputs) of a function warmed up and captured."""
+        start = time.perf_counter()
+        state = None if generator is None else generator.get_state()
+        buffers = self._warm_up(function, inputs)  # an error here is the call's own: it is raised
+        try:
+            entry = self._capture(function, buffers)
+        except self.refusals as error:  # the stock modules did something capture does not allow
+            why = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+            raise UsageError(f"CUDA graph capture failed ({why}): run with --cuda-graphs off (a process whose "
+                             f"capture failed cannot go on on CUDA)") from error
+        finally:
+            self.seconds += time.perf_counter() - start
+        _restore(generator, state)
+        self.entries[key] = entry
+        return entry
 
     def forget(self, owner: int) -> None:
         """Drop the graphs captured on the buffers of the object of id `owner` (about to be let go): their memory
@@ -105,17 +119,23 @@ class Graphs:
         if not self.entries:
             self.pool = None
 
-    @staticmethod
-    def _warm_up(function, inputs):
-        """The graph's input buffers, after two eager calls on a side stream (lazy allocations, kernel choice)."""
+    def _warm_up(self, function, inputs):
+        """The graph's input buffers, after two eager calls on the side stream (kernel choice, per-stream
+        workspaces).  What they allocate belongs to that stream: a tensor that outlives the call (a cache, state
+        between cycles) must be made before, on the stream that uses it."""
         buffers = [value.clone() for value in inputs]
-        side = torch.cuda.Stream()
+        side = self._side()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):
                 function(*buffers)
         torch.cuda.current_stream().wait_stream(side)
         return buffers
+
+    def _side(self):
+        if self.stream is None:
+            self.stream = torch.cuda.Stream()  # on the current device, the graphs' (run)
+        return self.stream
 
     def _capture(self, function, buffers):
         if self.pool is None:
@@ -124,7 +144,9 @@ class Graphs:
         collecting = gc.isenabled()
         gc.disable()  # a collection inside the capture could free another graph, which a capturing stream refuses
         try:
-            with torch.cuda.graph(graph, pool=self.pool):
+            # on a stream of the graphs' device: torch's default capture stream is made once, on the device that
+            # was current at the process's first capture
+            with torch.cuda.graph(graph, pool=self.pool, stream=self._side()):
                 outputs = function(*buffers)
         finally:
             if collecting:
@@ -186,10 +208,11 @@ class Checked(Emulated):
     reads whatever the host holds now: a replay that differs (a length baked in as a Python number, a buffer
     swapped for a new tensor) raises ReplayDiverged naming the op, since under CUDA graphs it would compute
     something else than eager code.  So does an index write (index_copy, scatter, x[index] = values) that
-    writes two different values to one index, which CUDA resolves in no fixed order, and an op that reads the
-    device from the host (.item(), nonzero, ...), which CUDA refuses to capture.  Not seen on a CPU: a 0-dim CPU
-    tensor from outside the phase changed in place (on CUDA its value is fixed at capture).  Some 2-3x slower
-    than Emulated: for tests."""
+    writes two different values to one index, which CUDA resolves in no fixed order, a float sum over indices
+    (scatter_add, index_add) that adds two values to one element, which CUDA adds in no fixed order, and an op
+    that reads the device from the host (.item(), nonzero, ...), which CUDA refuses to capture.  Not seen on a
+    CPU: a 0-dim CPU tensor from outside the phase changed in place (on CUDA its value is fixed at capture).  Some
+    2-3x slower than Emulated: for tests."""
 
     checked = True
 
@@ -229,6 +252,8 @@ class ReplayTrace(TorchDispatchMode):
         out = func(*args, **kwargs)
         if func in _INDEX_WRITES:
             _check_one_writer(func, args, kwargs, out)
+        if func in _INDEX_SUMS or _accumulates(func, args, kwargs):
+            _check_one_addend(func, args, kwargs, out)
         for position, tensor in enumerate((out,) if isinstance(out, torch.Tensor) else
                                           out if isinstance(out, (tuple, list)) else ()):
             if isinstance(tensor, torch.Tensor):  # new memory, not a view of or a write into an input
@@ -268,6 +293,8 @@ class ReplayTrace(TorchDispatchMode):
 _INDEX_WRITES = {torch.ops.aten.index_copy_.default, torch.ops.aten.index_copy.default,
                  torch.ops.aten.scatter_.src, torch.ops.aten.scatter.src,
                  torch.ops.aten.index_put_.default, torch.ops.aten.index_put.default}
+_INDEX_SUMS = {torch.ops.aten.scatter_add_.default, torch.ops.aten.scatter_add.default,
+               torch.ops.aten.index_add_.default, torch.ops.aten.index_add.default}
 _HOST_READS = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.is_nonzero.default,
                torch.ops.aten.nonzero.default, torch.ops.aten.masked_select.default, torch.ops.aten.equal.default,
                torch.ops.aten._unique2.default, torch.ops.aten.unique_dim.default,
@@ -279,8 +306,8 @@ def _check_one_writer(func, args, kwargs, out) -> None:
     fixed order, where a CPU keeps the last in index order.  Read back at the indices, the result holds every value
     written exactly when no such pair exists (whatever the order of the writes)."""
     if func in (torch.ops.aten.index_put_.default, torch.ops.aten.index_put.default):  # x[indices] = values
-        if (args[3] if len(args) > 3 else kwargs.get("accumulate", False)):
-            return  # a sum
+        if _accumulates(func, args, kwargs):
+            return  # a sum: _check_one_addend
         indices, values = args[1], args[2]
         found = torch.ops.aten.index.Tensor(out, indices)
         written = values.to(out.dtype).expand_as(found)
@@ -294,6 +321,31 @@ def _check_one_writer(func, args, kwargs, out) -> None:
     same = (found == written) | (found != found) & (written != written)  # NaN written where NaN is found
     if not _TOLIST(same.all()):
         raise ReplayDiverged(f"{func} writes different values to one index: on CUDA which one stays is not fixed")
+
+
+def _accumulates(func, args, kwargs) -> bool:
+    """Whether the op is an index_put that adds its values (accumulate=True) rather than writing them."""
+    puts = (torch.ops.aten.index_put_.default, torch.ops.aten.index_put.default)
+    return func in puts and bool(args[3] if len(args) > 3 else kwargs.get("accumulate", False))
+
+
+def _check_one_addend(func, args, kwargs, out) -> None:
+    """A float sum over indices (scatter_add, index_add, index_put with accumulate) that adds two nonzero values to
+    one element: CUDA adds them atomically, in no fixed order, so the sum may round otherwise from run to run
+    (integers add exactly in any order, and a zero changes nothing).  The same sum of 1 for every nonzero value
+    counts the values each element receives."""
+    if not (out.is_floating_point() or out.is_complex()):
+        return
+    counts = torch.zeros(out.shape, dtype=torch.long, device=out.device)
+    if func in _INDEX_SUMS:
+        dim, index, source = args[1:4]
+        add = counts.scatter_add_ if func.name().startswith("aten::scatter") else counts.index_add_
+        add(dim, index, (source != 0).long())
+    else:
+        counts.index_put_(args[1], (args[2] != 0).long(), accumulate=True)
+    if _TOLIST((counts > 1).any()):
+        raise ReplayDiverged(f"{func} adds two values to one element: on CUDA atomically, in no fixed order, so the "
+                             f"sum may round otherwise from run to run")
 
 
 def _flat_tensors(outputs) -> list:
@@ -318,14 +370,15 @@ class Transfer:
     so the host can queue more work before it waits."""
 
     def __init__(self, like: torch.Tensor, device):
-        self.cuda = torch.device(device).type == "cuda"
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
         self.host = [torch.zeros(like.shape, dtype=like.dtype, pin_memory=self.cuda) for _ in range(2)]
         self.events = [torch.cuda.Event() for _ in range(2)] if self.cuda else None
 
     def send(self, value: torch.Tensor, slot: int) -> None:
         self.host[slot].copy_(value, non_blocking=self.cuda)
-        if self.cuda:
-            self.events[slot].record()
+        if self.cuda:  # behind the copy, on the current stream of the device it runs on, which need not be current
+            self.events[slot].record(torch.cuda.current_stream(self.device))
 
     def receive(self, slot: int) -> list[int]:
         if self.cuda:

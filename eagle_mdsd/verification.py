@@ -44,8 +44,13 @@ def _take(x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
 
 
 def _mix(drafts: torch.Tensor, weights: torch.Tensor, rest_weight: torch.Tensor, rest: torch.Tensor):
-    """sum_j weights_j delta_{x_j} + rest_weight * rest: a plan from its parts."""
-    return (rest_weight.unsqueeze(-1) * rest).scatter_add_(-1, drafts, weights)
+    """sum_j weights_j delta_{x_j} + rest_weight * rest: a plan from its parts.  A token drafted more than once
+    (K-SEQ weighs each copy) takes its copies' weights summed in a fixed order and written once: scatter_add_ adds
+    them atomically on CUDA, in no fixed order, so the plan and the token drawn from it could change run to run."""
+    mixed = rest_weight.unsqueeze(-1) * rest
+    same = drafts.unsqueeze(-1) == drafts.unsqueeze(-2)  # [..., n, n]: draft j's token is draft k's
+    total = torch.where(same, weights.unsqueeze(-2), 0.0).sum(-1)  # [..., n]: the weight of draft j's token
+    return mixed.scatter_(-1, drafts, mixed.gather(-1, drafts) + total)
 
 
 def _broadcast(p, q, drafts):
