@@ -8,8 +8,11 @@ ValueError keep working.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import signal
+import threading
 from pathlib import Path
 
 
@@ -54,6 +57,28 @@ def interrupted_message(stop: KeyboardInterrupt, command: str) -> str:
         return (f"{command} stopped; what it finished is kept whole and nothing is half-written: run the same "
                 f"command again to continue where it stopped")
     return f"{command} stopped before it finished and wrote nothing new: run the same command again"
+
+
+@contextlib.contextmanager
+def deferred_interrupts():
+    """Ctrl-C and SIGTERM that arrive inside the block take effect when it ends, through the handler they would have
+    met: a block that changes state in several steps (an optimizer step and its count) is never cut in two.  A
+    signal without a Python handler (ignored, or SIGTERM's default outside the command line) is left as it is, and
+    off the main thread, which cannot set handlers, the block runs unguarded."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught, previous = [], {}
+    for number in (signal.SIGINT, signal.SIGTERM):
+        if callable(signal.getsignal(number)):
+            previous[number] = signal.signal(number, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+    if caught:
+        previous[caught[0]](caught[0], None)
 
 
 class MissingFile(UsageError, FileNotFoundError):

@@ -158,6 +158,10 @@ def choose(acceptance: list[float], max_nodes: int, max_depth: int, timings: dic
         if best is None or score > best["score"] + 1e-12:
             best = {"nodes": n - 1, "depth": d - 1, "expected_tokens": expected, "score": score,
                     "cycle_s": seconds}
+    if not best["nodes"]:  # a tree of the root alone is refused by every command that loads a tree
+        raise UsageError(f"the acceptance measured by rank ({', '.join(f'{a:.3f}' for a in acceptance)}) makes the "
+                         f"best tree the root alone, with no draft: measure on more --prompts or --max-new-tokens, "
+                         f"with a head trained for this model, or a larger --draft-vocab")
     best["paths"] = paths(best["nodes"] + 1, best["depth"] + 1)
     return best
 

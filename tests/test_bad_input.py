@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from eagle_mdsd import bench, cli, head, models, questions, sequoia
+from eagle_mdsd import bench, cli, errors, head, models, questions, sequoia
 from tiny import tiny_target
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "bad-input.md"
@@ -753,3 +753,31 @@ def test_the_prompts_stage_stops_before_a_batch_that_would_overrun(tmp_path, mon
         monkeypatch.setattr(f"{module}.time", fake_time, raising=False)
     training.self_prompts(tmp_path / "run", 10_000, batch_size=4, max_tokens=8, max_minutes=1.5)
     assert clock[0] == 80.0  # (90 s allowed)
+
+
+HEAD_TOOLS = {  # command -> argv naming a head folder that does not exist
+    "sequoia": lambda tmp: ["sequoia", "--ea-model", tmp / "nothing"],
+    "check-greedy": lambda tmp: ["check-greedy", "--trees", "chain2", "--ea-model", tmp / "nothing", "--out", tmp],
+    "train-head evaluate": lambda tmp: ["train-head", "evaluate", "--run", tmp, "--export-to", tmp / "nothing"],
+}
+
+
+@covers("head-missing-tools")
+@pytest.mark.parametrize("command", HEAD_TOOLS)
+def test_a_missing_head_is_refused_before_the_model_loads_by_every_command(command, tmp_path, no_model, capsys):
+    assert str(tmp_path / "nothing") in one_line_error(HEAD_TOOLS[command](tmp_path), capsys, "head-missing-tools")
+
+
+@covers("sequoia-empty")
+def test_sequoia_writes_no_tree_of_the_root_alone(tmp_path, monkeypatch):
+    """An acceptance of 0 at every rank (a head that never matches, a draft vocabulary of 3 tokens) makes the empty
+    tree the best; written, it would be refused by every command given it."""
+    monkeypatch.setattr(sequoia, "held_out_prompts", lambda tokenizer, count: [[1, 2, 3]])
+    monkeypatch.setattr(sequoia, "measure_acceptance", lambda *args: ([0.0] * 8, 3))
+    out = tmp_path / "s.json"
+    with pytest.raises(errors.UsageError, match=says("sequoia-empty")):
+        sequoia.build(lambda topology: None, None, out, max_nodes=1024, max_depth=1, hardware_aware=False)
+    assert not out.exists()
+    monkeypatch.setattr(sequoia, "measure_acceptance", lambda *args: ([0.5] + [0.0] * 7, 3))
+    assert sequoia.build(lambda topology: None, None, out, max_nodes=4, max_depth=2, hardware_aware=False)["paths"]
+    assert out.exists()

@@ -800,3 +800,108 @@ def test_a_data_stage_refuses_to_continue_on_a_prompt_list_that_changed(tmp_path
     grown = prompts + [{"prompt": f"Write about topic {i}."} for i in range(8, 16)]
     with pytest.raises(UsageError, match=r"answers the 8 prompts its sources held when it began, and they now hold 16"):
         training.data._recorded_prompts(data, grown, ["p.jsonl"], recipe, "float32")
+
+
+def test_a_damaged_compressed_prompt_file_is_a_one_line_error_naming_it(tmp_path):
+    import lzma
+
+    whole = lzma.compress(json.dumps([{"prompt": "Name a tree."}]).encode())
+    for name, data in (("garbage.json.xz", b"not xz at all"), ("garbage.jsonl.gz", b"not gzip at all"),
+                       ("cut.json.xz", whole[: len(whole) // 2])):
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(UsageError, match=rf"prompt file .*{re.escape(name)} cannot be decompressed as "
+                                             rf"\.(xz|gz) \(.+\): give the file whole"):
+            training.load_prompts([tmp_path / name])
+    (tmp_path / "data.json").write_text('{"data": 5}')  # JSON, with no list of records where the records go
+    with pytest.raises(UsageError, match="no usable prompts"):
+        training.load_prompts([tmp_path / "data.json"])
+
+
+def test_a_damaged_data_record_is_a_one_line_error_naming_it(tmp_path):
+    """prompts.json says how a run's shards were made; it is written whole, and one that is not a JSON object
+    (an empty file, a list) is a one-line error."""
+    prompts = [{"prompt": f"Write about topic {i}."} for i in range(4)]
+    data = tmp_path / "data"
+    training.data._recorded_prompts(data, list(prompts), ["p.jsonl"], training.DataRecipe(), "float32")
+    assert isinstance(json.loads((data / "prompts.json").read_text()), dict)
+    for text, fault in (("", "is not valid JSON"), ("[1]", "holds a JSON list, not an object")):
+        (data / "prompts.json").write_text(text)
+        with pytest.raises(UsageError, match=rf"data record {re.escape(str(data / 'prompts.json'))} {fault}"):
+            training.data._recorded_prompts(data, list(prompts), ["p.jsonl"], training.DataRecipe(), "float32")
+
+
+def test_a_damaged_shard_or_checkpoint_is_a_one_line_error_naming_it(tmp_path):
+    run = tmp_path / "run"
+    model = _tiny_run(run, _embedded_tokenizer())
+    shard = run / "data" / "shard_00000.pt"
+    whole = shard.read_bytes()
+    shard.write_bytes(whole[:200])
+    with pytest.raises(UsageError, match=rf"data shard {re.escape(str(shard))} cannot be read \(.+\): delete it"):
+        _train(run, model, tokens_per_batch=48, bf16=False)
+    shard.write_bytes(whole)
+    _train(run, model, tokens_per_batch=48, bf16=False)
+    checkpoint = run / "checkpoint.pt"
+    checkpoint.write_bytes(checkpoint.read_bytes()[:200])
+    cut = rf"checkpoint {re.escape(str(checkpoint))} cannot be read \(.+\)"
+    with pytest.raises(UsageError, match=cut):
+        _train(run, model, tokens_per_batch=48, bf16=False)
+    with pytest.raises(UsageError, match=cut):
+        training.export(run, tmp_path / "head", model)
+    with pytest.raises(UsageError, match=rf"--init-from {cut}"):
+        _train(tmp_path / "other", model, data_from=[run], init_from=run, tokens_per_batch=48, bf16=False)
+
+
+@pytest.mark.parametrize("option, value, message", [
+    ("--token-weight", "nan", "--token-weight is nan: pass a finite number of 0 or more"),  # a nan loss, a nan head
+    ("--token-weight", "inf", "--token-weight is inf: pass a finite number of 0 or more"),
+    ("--unroll", "17", "--unroll is 17: pass 1 (EAGLE-1's loss) up to 16"),  # memory grows with its square
+])
+def test_training_numbers_that_make_a_nan_head_or_exhaust_memory_are_one_line(option, value, message, tmp_path,
+                                                                               monkeypatch, capsys):
+    from eagle_mdsd import cli
+
+    monkeypatch.setattr(training, "train", lambda *args, **kwargs: pytest.fail("the stage ran"))
+    assert cli.main(["train-head", "train", "--run", str(tmp_path / "run"), option, value]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"eagle-mdsd: error: {message}") and error.count("\n") == 1, error
+    training.TrainRecipe(unroll=16)  # the largest taken
+
+
+def test_epochs_past_what_steps_can_count_are_a_one_line_error(tmp_path):
+    run = tmp_path / "run"
+    model = _tiny_run(run, _embedded_tokenizer())
+    with pytest.raises(UsageError, match=r"--epochs 1e\+308 of \d+ batches is more steps than can be counted"):
+        _train(run, model, epochs=1e308, tokens_per_batch=48, bf16=False)
+
+
+def test_ctrl_c_in_training_keeps_the_steps_done_and_a_rerun_ends_with_the_same_head(tmp_path, monkeypatch):
+    """A Ctrl-C (SIGINT, as a terminal sends it) in step 3 of a run that checkpoints every 100 steps: the step
+    under way finishes, the three steps are saved, and the rerun ends where an uninterrupted run does."""
+    import signal
+
+    tokenizer = _embedded_tokenizer()
+    settings = dict(epochs=3, lr=1e-2, tokens_per_batch=48, bf16=False)
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    state = _train(whole, _tiny_run(whole, tokenizer), **settings)
+    model = _tiny_run(parts, tokenizer)
+    real_loss, calls = training.head_loss, []
+
+    def signalled(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real_loss(*args, **kwargs)
+
+    monkeypatch.setattr(training.trainer, "head_loss", signalled)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            _train(parts, model, **settings)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    monkeypatch.setattr(training.trainer, "head_loss", real_loss)
+    assert torch.load(parts / "checkpoint.pt", weights_only=False)["state"]["step"] == 3
+    resumed = _train(parts, model, **settings)
+    assert resumed["step"] == state["step"] and resumed["log"] == state["log"]
+    heads = [torch.load(folder / "checkpoint.pt", weights_only=False)["head"] for folder in (whole, parts)]
+    assert all(torch.equal(heads[0][key], heads[1][key]) for key in heads[0])

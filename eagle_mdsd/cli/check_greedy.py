@@ -28,11 +28,13 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> None:
-    from .. import models
+    from .. import head, models
 
     for name in args.trees:  # a bad tree name before any model loads
         if name not in checks.NOT_TREES:
             tree_specs.load(name)
+    if args.ea_model != "random":
+        head.inspect(args.ea_model)  # and a bad head's files
     out = Path(args.out)
     model = ("" if args.base_model in (None, models.EMBEDDED)
              else "_" + models.model_name(args.base_model).removesuffix(".gguf"))

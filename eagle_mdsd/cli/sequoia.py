@@ -30,6 +30,7 @@ def run(args) -> None:
     if args.max_nodes > MAX_NODES:  # the tree would be refused by every command that loads it
         raise errors.UsageError(f"--max-nodes {args.max_nodes}: a tree holds at most {MAX_NODES} nodes")
     out = sequoia.output_path(args.name)  # a bad --name before the model loads
+    head.inspect(args.ea_model or models.DEFAULT_HEAD)  # and a bad head's files
     target, tokenizer = models.load_target(None, models.parse_dtype(args.dtype), args.device)
     draft_head = head.load_head(args.ea_model or models.DEFAULT_HEAD, target)
     eos = models.eos_token_ids(target, tokenizer)

@@ -4,15 +4,14 @@ tensors the loss takes, with the target's features computed where a shard does n
 from __future__ import annotations
 
 import collections
-import json
 import random
 from pathlib import Path
 
 import torch
 
-from ..errors import MissingFile
-from .. import models
-from .data import _features, _right_padded, target_features
+from ..errors import MissingFile, UsageError
+from .. import checkpoint, models
+from .data import _features, _right_padded, read_record, target_features
 
 
 def data_shards(out_dir: Path, data_from=()) -> list[Path]:
@@ -28,12 +27,25 @@ def data_shards(out_dir: Path, data_from=()) -> list[Path]:
     return shards
 
 
+SHARD_FIX = "delete it and run the data stage again, which makes it anew"
+CHECKPOINT_FIX = "delete it to train from the start, or use another --run"
+
+
+def load_saved(path: Path, what: str, fix: str, weights_only: bool = True):
+    """torch.load of a file the pipeline saved (a data shard, a checkpoint): one cut short, damaged or not torch's
+    is a one-line error naming it and `fix`."""
+    try:
+        return torch.load(path, weights_only=weights_only)
+    except checkpoint.LOAD_ERRORS as error:
+        raise UsageError(f"{what} {path} cannot be read ({checkpoint.first_line(error)}): {fix}") from None
+
+
 def rank_tokens(shards: list[Path], vocab_size: int) -> list[int]:
     """Every token id, the answer tokens of the data shards first by frequency (ties: lower id first),
     then the unseen ones by id (a BPE vocabulary's lower ids were merged earlier, i.e. are more common)."""
     counts = collections.Counter()
     for shard in shards:
-        for sample in torch.load(shard, weights_only=True):
+        for sample in load_saved(shard, "data shard", SHARD_FIX):
             counts.update(sample["ids"][sample["start"]:].tolist())
     seen = [token for token, _ in sorted(counts.items(), key=lambda item: (-item[1], item[0]))]
     return seen + sorted(set(range(vocab_size)) - set(seen))
@@ -44,7 +56,7 @@ def _batches(shards: list[Path], tokens_per_batch: int, rng: random.Random):
     order = list(shards)
     rng.shuffle(order)
     for shard in order:
-        samples = torch.load(shard, weights_only=True)
+        samples = load_saved(shard, "data shard", SHARD_FIX)
         for sample in samples:
             sample["shard"] = shard  # computed features come from the target its data stage ran
         rng.shuffle(samples)
@@ -71,7 +83,7 @@ class FeatureTargets:
 
     def __call__(self, shard: Path):
         record = Path(shard).parent / "prompts.json"
-        dtype = json.loads(record.read_text()).get("dtype", "bfloat16") if record.exists() else "bfloat16"
+        dtype = read_record(record.parent).get("dtype", "bfloat16") if record.exists() else "bfloat16"
         if dtype not in self.loaded:
             self.loaded[dtype] = self.float32_target if models.parse_dtype(dtype) == torch.float32 else \
                 models.load_target(self.base_model, models.parse_dtype(dtype), self.device)[0]

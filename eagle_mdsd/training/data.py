@@ -19,8 +19,8 @@ import torch
 from tqdm import tqdm
 from transformers import GenerationConfig
 
-from .. import models, peers
-from ..errors import UsageError
+from .. import models, outputs, peers
+from ..errors import UsageError, read_json
 from .budget import Budget
 from .prompts import load_prompts
 
@@ -163,7 +163,7 @@ def _recorded_prompts(data_dir: Path, prompts: list[dict], prompt_paths, recipe:
     record = data_dir / "prompts.json"
     digest = hashlib.sha256(json.dumps(prompts, sort_keys=True).encode()).hexdigest()
     if record.exists():
-        made = json.loads(record.read_text())
+        made = read_record(data_dir)
         check_data_record(data_dir, made, recipe)
         if made.get("digest", digest) != digest:  # the shuffle of another list: its shards would not continue these
             raise UsageError(f"{data_dir} answers the {made.get('pool', made['count'])} prompts its sources held "
@@ -172,12 +172,18 @@ def _recorded_prompts(data_dir: Path, prompts: list[dict], prompt_paths, recipe:
     random.Random(recipe.seed).shuffle(prompts)
     pool = len(prompts)
     prompts = prompts[:recipe.max_prompts] if recipe.max_prompts else prompts
-    record.write_text(json.dumps({"count": len(prompts), "pool": pool, "digest": digest, "seed": recipe.seed,
-                                  "shard_size": recipe.shard_size,
-                                  "sources": [str(p) for p in prompt_paths], "temperature": recipe.temperature,
-                                  "sort_by_length": recipe.sort_by_length, "features": recipe.features,
-                                  "dtype": dtype}))
+    outputs.write_atomically(record, json.dumps({  # whole or not at all: a rerun reads it back
+        "count": len(prompts), "pool": pool, "digest": digest, "seed": recipe.seed, "shard_size": recipe.shard_size,
+        "sources": [str(p) for p in prompt_paths], "temperature": recipe.temperature,
+        "sort_by_length": recipe.sort_by_length, "features": recipe.features, "dtype": dtype}))
     return prompts
+
+
+def read_record(data_dir: Path) -> dict:
+    """The data stage's record of how it made the shards in `data_dir` (its prompts.json); one that is not a
+    JSON object is a one-line error, since without it the shards cannot be continued or read as made."""
+    return read_json(Path(data_dir) / "prompts.json", "data record", "delete that data folder and run the data "
+                     "stage again, or use another --run", kind=dict)
 
 
 def _shard_samples(target, tokenizer, chunk: list[dict], recipe: DataRecipe, seed: int) -> tuple[list, list]:

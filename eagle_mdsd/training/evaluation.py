@@ -3,7 +3,6 @@ training prompts and MT-Bench, and tau on three guard prompts."""
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 
@@ -13,8 +12,8 @@ from transformers import GenerationConfig
 from ..errors import MissingFile
 from .. import eagle3, models, peers, questions
 from .. import head as head_module
-from .batching import _collate
-from .data import target_features
+from .batching import CHECKPOINT_FIX, _collate, load_saved
+from .data import read_record, target_features
 from .prompts import load_prompts
 
 
@@ -94,7 +93,7 @@ def _prompt_data(out_dir: Path) -> Path:
     the first run it trained on with --data-from."""
     candidates = [out_dir / "data"]
     if (out_dir / "checkpoint.pt").exists():
-        state = torch.load(out_dir / "checkpoint.pt", weights_only=False)["state"]
+        state = load_saved(out_dir / "checkpoint.pt", "checkpoint", CHECKPOINT_FIX, weights_only=False)["state"]
         candidates += [Path(run) / "data" for run in state.get("data_from", [])]
     for data in candidates:
         if (data / "prompts.json").exists():
@@ -105,7 +104,7 @@ def _prompt_data(out_dir: Path) -> Path:
 def held_out_prompts(data: Path, count: int) -> list[str]:
     """Up to `count` prompts of a data stage's shuffled list after those its shards answered (none when
     it answered them all, as for a file of self-written prompts)."""
-    info = json.loads((data / "prompts.json").read_text())
+    info = read_record(data)
     used = len(list(data.glob("shard_*.pt"))) * info.get("shard_size", 256)
     prompts = load_prompts([Path(p) for p in info["sources"]])
     random.Random(info["seed"]).shuffle(prompts)
@@ -115,6 +114,7 @@ def held_out_prompts(data: Path, count: int) -> list[str]:
 def evaluate(out_dir: Path, head_spec, base_model=None, count: int = 16) -> dict:
     """Teacher-forced top-1 and sampled-draft acceptance (`teacher_forced`) on held-out training prompts (never
     used by the data stage) and MT-Bench, and tau on the guard prompts."""
+    head_module.inspect(head_spec)  # a bad head's files before the model loads
     held_out = held_out_prompts(_prompt_data(Path(out_dir)), count)
     target, tokenizer = models.load_target(base_model, torch.bfloat16)
     draft_head = head_module.load_head(head_spec, target)

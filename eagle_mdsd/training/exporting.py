@@ -9,7 +9,7 @@ import torch
 from .. import eagle3, models
 from .. import head as head_module
 from ..errors import MissingFile, UsageError
-from .batching import data_shards, rank_tokens
+from .batching import data_shards, load_saved, rank_tokens
 
 
 def export(out_dir: Path, destination: Path, base_model=None, compact: bool = True) -> Path:
@@ -23,7 +23,8 @@ def export(out_dir: Path, destination: Path, base_model=None, compact: bool = Tr
     if not checkpoint.exists():
         raise MissingFile(f"no checkpoint.pt in {out_dir}: run `eagle-mdsd train-head train --run {out_dir}` "
                                 f"first")
-    saved = torch.load(checkpoint, weights_only=False)
+    saved = load_saved(checkpoint, "checkpoint", "train again from the start, or export another --run",
+                       weights_only=False)
     target, _ = models.load_target(base_model, torch.float32)
     if saved["state"].get("format", "eagle1") == "eagle3":
         if not compact:

@@ -40,7 +40,7 @@ def _records(path: Path) -> list[tuple[str, object]]:
     possibly xz- or gzip-compressed; `where` names the line or record.  A file that is not JSON is a one-line
     error naming it."""
     opener = _OPENERS.get(path.suffix)
-    if opener is None:
+    if opener is None or not path.is_file():  # (read_text refuses a folder, a device or a pipe by name)
         text = read_text(path, "prompt file")
     else:
         try:
@@ -48,6 +48,10 @@ def _records(path: Path) -> list[tuple[str, object]]:
         except UnicodeDecodeError as error:
             raise UsageError(f"prompt file {path} is not UTF-8 text once decompressed (byte {error.start}): give "
                              f"a text file") from None
+        except (OSError, EOFError, lzma.LZMAError) as error:  # not that format, cut short, or unreadable
+            cause = getattr(error, "strerror", None) or str(error) or "cut short"
+            raise UsageError(f"prompt file {path} cannot be decompressed as {path.suffix} ({cause}): give the "
+                             f"file whole, or its contents uncompressed") from None
     name = path.name.removesuffix(path.suffix) if opener else path.name
     if name.endswith(".jsonl"):
         numbered = [(number, line) for number, line in enumerate(text.splitlines(), 1) if line.strip()]
@@ -58,8 +62,8 @@ def _records(path: Path) -> list[tuple[str, object]]:
     except json.JSONDecodeError as error:
         raise UsageError(f"prompt file {path} is not JSON ({error.msg} at line {error.lineno}): give a JSON list "
                          f"of records, or a .jsonl file of one record a line") from None
-    data = data if isinstance(data, list) else data.get("data", []) if isinstance(data, dict) else []
-    return [(f"record {index}", record) for index, record in enumerate(data, 1)]
+    data = data.get("data") if isinstance(data, dict) else data
+    return [(f"record {index}", record) for index, record in enumerate(data if isinstance(data, list) else [], 1)]
 
 
 def _text(record: dict, key: str, file: Path, where: str) -> str:

@@ -16,12 +16,17 @@ from tqdm import tqdm
 
 from .. import eagle3, models
 from .. import head as head_module
-from ..errors import MissingFile, UsageError
-from .batching import FeatureTargets, _batches, _training_batch, data_shards, rank_tokens
+from ..errors import MissingFile, UsageError, deferred_interrupts
+from .batching import (CHECKPOINT_FIX, FeatureTargets, _batches, _training_batch, data_shards, load_saved,
+                       rank_tokens)
 from .loss import TOKEN_LOSSES, draft_vocab_lm_head, head_loss
 
 FORMATS = ("eagle1", "eagle3")
 WARMUP_STEPS = 50
+# Each pass keeps its activations and its attention over all earlier passes for the backward pass, so memory grows
+# with the square of --unroll; past 16 passes a pass weighs under 4% of the first (0.8^(r-1)), and a pass beyond
+# an answer's length has no position left to score (its mean loss is nan).
+MAX_UNROLL = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,10 +64,12 @@ class TrainRecipe:
     def __post_init__(self):
         if self.draft_vocab is not None and self.draft_vocab < 1:
             raise UsageError(f"--draft-vocab is {self.draft_vocab}: pass a token count of 1 or more, or 'full'")
-        if self.unroll < 1:
-            raise UsageError(f"--unroll is {self.unroll}: pass 1 (EAGLE-1's loss) or more (draft depths trained)")
-        if self.token_weight < 0:
-            raise UsageError(f"--token-weight is {self.token_weight}: pass 0 or more (EAGLE's recipe: 0.1)")
+        if not 1 <= self.unroll <= MAX_UNROLL:
+            raise UsageError(f"--unroll is {self.unroll}: pass 1 (EAGLE-1's loss) up to {MAX_UNROLL} (draft depths "
+                             f"trained)")
+        if not (math.isfinite(self.token_weight) and self.token_weight >= 0):  # nan or inf: a nan loss, a nan head
+            raise UsageError(f"--token-weight is {self.token_weight}: pass a finite number of 0 or more (EAGLE's "
+                             f"recipe: 0.1)")
         if self.token_loss not in TOKEN_LOSSES:
             raise UsageError(f"--token-loss is {self.token_loss!r}: pass ce (EAGLE's cross-entropy), tv or top1")
         if self.format not in FORMATS:
@@ -118,7 +125,8 @@ def check_resumable(checkpoint: Path, saved_state: dict, recipe: TrainRecipe) ->
 def _trained_weights(source: Path, target) -> dict:
     """A head's weights from a training run (its checkpoint) or an exported head folder."""
     if (source / "checkpoint.pt").exists():
-        return torch.load(source / "checkpoint.pt", weights_only=False)["head"]
+        return load_saved(source / "checkpoint.pt", "--init-from checkpoint", "give another --init-from",
+                          weights_only=False)["head"]
     if (source / "config.json").exists():
         return {k: v.float() if v.is_floating_point() else v
                 for k, v in head_module.load_head(str(source), target).state_dict().items()}
@@ -197,25 +205,30 @@ def train(out_dir: Path, recipe: TrainRecipe = TrainRecipe(), base_model=None, d
     progress = tqdm(total=total_steps, initial=state["step"], desc="train head")
     started, tokens_seen, scheduled = time.monotonic(), 0, state.get("scheduled_s", 0.0)
     feature_target = FeatureTargets(target, base_model, device)
-    for index, batch in _epochs(shards, recipe, state):
-        if schedule_minutes:  # the minutes of the run's earlier calls count: a rerun continues the decay
-            state["scheduled_s"] = scheduled + time.monotonic() - started
-        along = schedule_position(state["step"], total_steps, state.get("scheduled_s", 0.0), schedule_minutes)
-        if along >= 1 or (deadline and time.monotonic() > deadline):
-            break
-        for group in optimizer.param_groups:
-            group["lr"] = learning_rate(recipe.lr, state["step"], along)
-        tokens_seen += sum(len(sample["ids"]) for sample in batch)
-        training_batch = _training_batch(batch, feature_target, target.config.hidden_size, device, layers)
-        loss, accuracy = _step(draft_head, optimizer, (target.get_input_embeddings(), lm_head), training_batch,
-                               recipe, device)
-        state["step"] += 1
-        state["batch_in_epoch"] = index + 1
-        state["log"].append({"step": state["step"], "loss": loss, "top1": accuracy})
-        progress.update(1)
-        progress.set_postfix(loss=f"{loss:.4f}", top1=f"{accuracy:.3f}")
-        if state["step"] % save_every == 0:
-            _save(checkpoint, draft_head, optimizer, state)
+    try:
+        for index, batch in _epochs(shards, recipe, state):
+            if schedule_minutes:  # the minutes of the run's earlier calls count: a rerun continues the decay
+                state["scheduled_s"] = scheduled + time.monotonic() - started
+            along = schedule_position(state["step"], total_steps, state.get("scheduled_s", 0.0), schedule_minutes)
+            if along >= 1 or (deadline and time.monotonic() > deadline):
+                break
+            for group in optimizer.param_groups:
+                group["lr"] = learning_rate(recipe.lr, state["step"], along)
+            tokens_seen += sum(len(sample["ids"]) for sample in batch)
+            training_batch = _training_batch(batch, feature_target, target.config.hidden_size, device, layers)
+            with deferred_interrupts():  # a step and its count are saved together (the resumed head is the same)
+                loss, accuracy = _step(draft_head, optimizer, (target.get_input_embeddings(), lm_head),
+                                       training_batch, recipe, device)
+                state["step"] += 1
+                state["batch_in_epoch"] = index + 1
+                state["log"].append({"step": state["step"], "loss": loss, "top1": accuracy})
+            progress.update(1)
+            progress.set_postfix(loss=f"{loss:.4f}", top1=f"{accuracy:.3f}")
+            if state["step"] % save_every == 0:
+                _save(checkpoint, draft_head, optimizer, state)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM between steps: the steps done are kept, and a rerun continues
+        _save(checkpoint, draft_head, optimizer, state)
+        raise
     progress.close()
     _report_rate(state, time.monotonic() - started, tokens_seen, recipe, device)
     _save(checkpoint, draft_head, optimizer, state)
@@ -237,7 +250,7 @@ def _draft_rows(target, shards: list[Path], recipe: TrainRecipe, device: str):
 def _resume(checkpoint: Path, recipe: TrainRecipe, draft_head, optimizer, rows: torch.Tensor, layers) -> dict:
     """The head, optimizer and random state of `checkpoint` restored in place; returns the run's saved state.
     A checkpoint made with another recipe, or over draft rows the shards no longer give, is a one-line error."""
-    saved = torch.load(checkpoint, weights_only=False)
+    saved = load_saved(checkpoint, "checkpoint", CHECKPOINT_FIX, weights_only=False)
     check_resumable(checkpoint, saved["state"], recipe)
     draft_head.load_state_dict(saved["head"])
     if layers is not None and not torch.equal(draft_head.target_ids(), rows):
@@ -256,7 +269,11 @@ def _total_steps(shards: list[Path], recipe: TrainRecipe, out_dir: Path) -> int:
     if not total_batches:
         raise UsageError(f"no answer of 2 tokens or more in the data shards of {out_dir}: make the data with a "
                          f"larger --max-new-tokens")
-    return max(1, int(total_batches * recipe.epochs))
+    steps = total_batches * recipe.epochs
+    if not math.isfinite(steps):
+        raise UsageError(f"--epochs {recipe.epochs:g} of {total_batches} batches is more steps than can be counted: "
+                         f"give a smaller --epochs (--max-minutes bounds a run by time)")
+    return max(1, int(steps))
 
 
 def _step(draft_head, optimizer, layers_of_target, training_batch, recipe: TrainRecipe,
