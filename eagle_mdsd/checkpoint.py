@@ -9,6 +9,7 @@ file is checked from its header alone, so a bad head is refused before any model
 
 from __future__ import annotations
 
+import hashlib
 import json
 import pickle
 import zipfile
@@ -113,6 +114,24 @@ def _unreadable(path: Path, why: str) -> UsageError:
 # What torch.load raises on a file cut short, not written by torch.save, or holding objects weights_only refuses
 LOAD_ERRORS = (pickle.UnpicklingError, zipfile.BadZipFile, EOFError, RuntimeError, OSError, ValueError,
                AttributeError, TypeError, KeyError, IndexError)
+
+
+def head_checksum(folder: Path) -> str:
+    """sha256 over a head folder's files (names and bytes), so answers and collected data name the head that made
+    them."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in Path(folder).iterdir() if p.is_file()):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def load_saved(path: Path, what: str, fix: str, weights_only: bool = True, mmap: bool = False):
+    """torch.load of a file the project saved (a data shard, a training checkpoint, a study's task file): one cut
+    short, damaged or not torch's is a one-line error naming it, `what` it is and `fix`."""
+    try:
+        return torch.load(path, weights_only=weights_only, mmap=mmap)
+    except LOAD_ERRORS as error:
+        raise UsageError(f"{what} {path} cannot be read ({first_line(error)}): {fix}") from None
 
 
 def first_line(error: BaseException) -> str:

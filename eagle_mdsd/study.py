@@ -94,10 +94,7 @@ def read_task(path: Path) -> dict:
     """A task file `collect` wrote; one that cannot be read (cut short by a full disk or a copy) or holds no
     collected positions is a one-line error naming it."""
     fix = "delete it and run `eagle-mdsd study collect` again to collect it anew"
-    try:
-        data = torch.load(path, weights_only=True, mmap=True)  # (mapped: checking a rerun's files reads little)
-    except checkpoint.LOAD_ERRORS as error:
-        raise UsageError(f"task file {path} cannot be read ({checkpoint.first_line(error)}): {fix}") from None
+    data = checkpoint.load_saved(path, "task file", fix, mmap=True)  # (mapped: checking a rerun's files reads little)
     if not (isinstance(data, dict) and all(isinstance(data.get(key), torch.Tensor) for key in ("p", *DRAFTS))
             and isinstance(data.get("settings", {}), dict)):
         raise UsageError(f"task file {path} holds no collected positions: {fix}")
@@ -119,12 +116,10 @@ def collect(run: Path, positions: int = 1024, max_new_tokens: int = 128, dtype: 
             tasks=TASKS) -> list[Path]:
     """One file per task in run/; tasks already collected with the same settings are skipped, and a file of
     other settings is refused (`check_task`) before the model loads."""
-    from .benchmark.records import head_checksum
-
     run = Path(run)
     run.mkdir(parents=True, exist_ok=True)
     settings = {"positions": positions, "max_new_tokens": max_new_tokens, "dtype": dtype,
-                "head": head_checksum(models.DEFAULT_HEAD)}
+                "head": checkpoint.head_checksum(models.DEFAULT_HEAD)}
     todo = [t for t in tasks if not (run / f"{t}.pt").exists()]
     written = [run / f"{t}.pt" for t in tasks if t not in todo]
     for path in written:

@@ -41,7 +41,7 @@ import torch
 import transformers
 from tqdm import tqdm
 
-from eagle_mdsd import bench, benchmarks, engine, head, models, questions, report, tree
+from eagle_mdsd import bench, benchmarks, checkpoint, engine, head, models, questions, report, tree
 from eagle_mdsd.benchmark import plans, records, selection
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -184,7 +184,7 @@ def main() -> None:
     folder = ROOT / "evaluation" / "answers" / "reference_eagle" / f"{args.name}_{datetime.date.today().isoformat()}"
     chosen, files = selection.spread(questions.load("mt_bench"), args.questions), answer_files(runs, folder)
     try:
-        records.check_settings(folder, {"head": records.head_checksum(models.DEFAULT_HEAD),
+        records.check_settings(folder, {"head": checkpoint.head_checksum(models.DEFAULT_HEAD),
                                         "questions": args.questions, "max_new_tokens": args.max_new_tokens,
                                         "runs": [list(r) for r in runs]})
         timed_on = records.timing_machine(folder, files.values(), chosen)

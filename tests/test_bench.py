@@ -11,7 +11,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from eagle_mdsd import bench, benchmarks, cli, engine, errors, head, kernels, models, peers, questions, report, tree
+from eagle_mdsd import (bench, benchmarks, checkpoint, cli, engine, errors, head, kernels, models, peers, questions,
+                        report, tree)
 from eagle_mdsd.benchmark import pages, plans, records, run as benchmark_run, runners, selection, sweep
 from eagle_mdsd.errors import UsageError
 
@@ -761,7 +762,7 @@ def test_a_sweep_or_benchmark_with_nothing_to_run_is_refused(monkeypatch, capsys
 
 def test_a_benchmark_resumes_only_answers_made_with_the_same_settings(tmp_path):
     folder = tmp_path / "benchmark_x"
-    settings = {"head": records.head_checksum(models.DEFAULT_HEAD), "dtype": "bfloat16", "trees": ["eagle_default"]}
+    settings = {"head": checkpoint.head_checksum(models.DEFAULT_HEAD), "dtype": "bfloat16", "trees": ["eagle_default"]}
     records.check_settings(folder, settings)  # first run: records them
     (folder / "mt_bench-eagle-t0.jsonl").write_text("{}\n")
     records.check_settings(folder, dict(settings))  # same settings: resumes
@@ -824,9 +825,9 @@ def test_the_machine_record_names_the_gpu_a_run_is_timed_on(monkeypatch):
 def test_the_head_checksum_changes_with_any_file_of_the_head(tmp_path):
     for name in ("config.json", "model.safetensors"):
         (tmp_path / name).write_bytes(b"x")
-    before = records.head_checksum(tmp_path)
+    before = checkpoint.head_checksum(tmp_path)
     (tmp_path / "model.safetensors").write_bytes(b"y")
-    assert records.head_checksum(tmp_path) != before
+    assert checkpoint.head_checksum(tmp_path) != before
 
 
 def test_the_benchmark_samples_static_trees_with_the_sampling_pair_at_t_above_0():

@@ -108,10 +108,10 @@ def _task_file(path, positions: int, settings: dict | None) -> None:
 
 def test_collect_reuses_only_task_files_collected_with_the_same_settings(tmp_path, monkeypatch):
     from eagle_mdsd import models
-    from eagle_mdsd.benchmark import records
+    from eagle_mdsd import checkpoint
 
     monkeypatch.setattr(models, "load_target", lambda *args, **kwargs: pytest.fail("the model loaded"))
-    head = records.head_checksum(models.DEFAULT_HEAD)
+    head = checkpoint.head_checksum(models.DEFAULT_HEAD)
     made = {"positions": 4, "max_new_tokens": 128, "dtype": "bfloat16", "head": head}
     _task_file(tmp_path / "qa.pt", 4, made)
     for options, changed in (({"positions": 8}, "positions 4 -> 8"), ({"positions": 4, "max_new_tokens": 16},

@@ -4,7 +4,6 @@ the same command, and the command that continues it."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import shlex
@@ -43,14 +42,6 @@ def file_safe(text: str) -> str:
 
 def temperature_tag(temperature: float) -> str:
     return f"t{temperature:g}"
-
-
-def head_checksum(folder: Path) -> str:
-    """sha256 over a head folder's files (names and bytes), so answers name the head that made them."""
-    digest = hashlib.sha256()
-    for path in sorted(p for p in Path(folder).iterdir() if p.is_file()):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()[:16]
 
 
 def check_settings(folder: Path, settings: dict) -> None:

@@ -20,7 +20,7 @@ import dataclasses
 import datetime
 from pathlib import Path
 
-from .. import bench, head, models, questions
+from .. import bench, checkpoint, head, models, questions
 from ..errors import Interrupted
 from . import answering, pages, records, runners, selection
 from .plans import BenchmarkPlan, benchmark_setups, parse_sampling_pair
@@ -77,7 +77,7 @@ def answer_and_report(out: Path, answers: Path, plan: BenchmarkPlan = BenchmarkP
     draft_head = head.load_head(models.DEFAULT_HEAD, target) if "eagle" in plan.methods else None
     by_label, made_with = runners.benchmark_runners(plan, run.setups, target, tokenizer, draft_head)
     draft_vocab = head.resolve_draft_vocab(draft_head, plan.draft_vocab)
-    checksum = records.head_checksum(models.DEFAULT_HEAD) if draft_head is not None else None
+    checksum = checkpoint.head_checksum(models.DEFAULT_HEAD) if draft_head is not None else None
     if index > 0:
         barrier()  # the first process records the settings and the machine before the others read them
     records.check_settings(run.folder, settings_record(run, plan, checksum, draft_vocab, used_kernels))

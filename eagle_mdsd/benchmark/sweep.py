@@ -7,7 +7,7 @@ from __future__ import annotations
 import datetime
 from pathlib import Path
 
-from .. import bench, head, models, questions
+from .. import bench, checkpoint, head, models, questions
 from ..errors import Interrupted
 from . import answering, pages, records, runners, selection
 from .plans import SweepPlan, sweep_cells
@@ -50,7 +50,7 @@ def sweep(out: Path, answers: Path, plan: SweepPlan = SweepPlan(), command: str 
 def cell_files(folder: Path, plan: SweepPlan, cells: list[tuple], draft_vocab) -> tuple[dict, dict]:
     """({cell: its answer file}, {cell: the bench.Settings its rows record}) of every cell."""
     context = answering.base_context(plan.dtype) | {"draft_vocab": draft_vocab,
-                                                     "head": records.head_checksum(models.DEFAULT_HEAD)}
+                                                     "head": checkpoint.head_checksum(models.DEFAULT_HEAD)}
     files = {cell: folder / records.file_safe(f"{tree}-{drafter}-{verifier}-{records.temperature_tag(t)}.jsonl")
              for cell in cells for t, tree, drafter, verifier in [cell]}
     row_settings = {cell: bench.Settings("eagle", plan.max_new_tokens, t, plan.seed, turns=plan.turns,

@@ -29,7 +29,7 @@ def row_settings(args):
     """The bench.Settings of the command line, with the context its rows record; a bad tree, dtype or head is a
     one-line error here, before any model loads."""
     from .. import bench, checkpoint, models
-    from ..benchmark import plans, records
+    from ..benchmark import plans
 
     context = {"dtype": str(models.parse_dtype(args.dtype)).removeprefix("torch."),
                "base_model": args.base_model or models.EMBEDDED}
@@ -41,7 +41,7 @@ def row_settings(args):
         context |= {"tree": plans.tree_label(runners.topology(args)), "drafter": args.scheme,
                     "verifier": args.verifier, "draft_vocab": args.draft_vocab,
                     "head": f"random:{args.seed}" if spec == "random" else
-                    records.head_checksum(checkpoint.head_folder(str(spec)))}
+                    checkpoint.head_checksum(checkpoint.head_folder(str(spec)))}
     return bench.Settings(args.method, args.max_new_tokens, args.temperature, args.seed, args.profile, args.turns,
                           tuple(context.items()))
 

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import torch
 
-from ..errors import MissingFile, UsageError
-from .. import checkpoint, models
+from ..checkpoint import load_saved
+from ..errors import MissingFile
+from .. import models
 from .data import _features, _right_padded, read_record, target_features
 
 
@@ -29,15 +30,6 @@ def data_shards(out_dir: Path, data_from=()) -> list[Path]:
 
 SHARD_FIX = "delete it and run the data stage again, which makes it anew"
 CHECKPOINT_FIX = "delete it to train from the start, or use another --run"
-
-
-def load_saved(path: Path, what: str, fix: str, weights_only: bool = True):
-    """torch.load of a file the pipeline saved (a data shard, a checkpoint): one cut short, damaged or not torch's
-    is a one-line error naming it and `fix`."""
-    try:
-        return torch.load(path, weights_only=weights_only)
-    except checkpoint.LOAD_ERRORS as error:
-        raise UsageError(f"{what} {path} cannot be read ({checkpoint.first_line(error)}): {fix}") from None
 
 
 def rank_tokens(shards: list[Path], vocab_size: int) -> list[int]:

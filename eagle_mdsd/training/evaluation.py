@@ -12,7 +12,8 @@ from transformers import GenerationConfig
 from ..errors import MissingFile
 from .. import eagle3, models, peers, questions
 from .. import head as head_module
-from .batching import CHECKPOINT_FIX, _collate, load_saved
+from ..checkpoint import load_saved
+from .batching import CHECKPOINT_FIX, _collate
 from .data import read_record, target_features
 from .prompts import load_prompts
 

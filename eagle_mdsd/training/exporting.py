@@ -9,7 +9,8 @@ import torch
 from .. import eagle3, models
 from .. import head as head_module
 from ..errors import MissingFile, UsageError
-from .batching import data_shards, load_saved, rank_tokens
+from ..checkpoint import load_saved
+from .batching import data_shards, rank_tokens
 
 
 def export(out_dir: Path, destination: Path, base_model=None, compact: bool = True) -> Path:

@@ -17,8 +17,8 @@ from tqdm import tqdm
 from .. import eagle3, models
 from .. import head as head_module
 from ..errors import MissingFile, UsageError, deferred_interrupts
-from .batching import (CHECKPOINT_FIX, FeatureTargets, _batches, _training_batch, data_shards, load_saved,
-                       rank_tokens)
+from ..checkpoint import load_saved
+from .batching import CHECKPOINT_FIX, FeatureTargets, _batches, _training_batch, data_shards, rank_tokens
 from .loss import TOKEN_LOSSES, draft_vocab_lm_head, head_loss
 
 FORMATS = ("eagle1", "eagle3")
