@@ -9,21 +9,20 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from eagle_mdsd import (bench, benchmarks, checkpoint, cli, engine, errors, head, kernels, models, peers, questions,
                         report, tree)
 from eagle_mdsd.benchmark import pages, plans, records, run as benchmark_run, runners, selection, sweep
 from eagle_mdsd.errors import UsageError
 
-from tiny import tiny_target
+from tiny import embedded_tokenizer, tiny_target
 
 
 @pytest.fixture(scope="module")
 def small_chat_model():
     """The embedded model's tokenizer and chat template on a tiny random Llama of the same vocabulary."""
-    models.load_target()  # makes sure the converted embedded model exists
-    tokenizer = AutoTokenizer.from_pretrained(models.cache_dir() / "smollm2-135m-instruct")
+    tokenizer = embedded_tokenizer()
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                          num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048)

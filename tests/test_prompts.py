@@ -6,11 +6,12 @@ from transformers import AutoTokenizer
 
 from eagle_mdsd import bench, models, prompts
 
+from tiny import embedded_tokenizer
+
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    models.load_target()  # makes sure the converted embedded model (and its tokenizer) exists
-    return AutoTokenizer.from_pretrained(models.cache_dir() / "smollm2-135m-instruct")
+    return embedded_tokenizer()
 
 
 def test_the_embedded_model_keeps_its_chat_template(tokenizer):

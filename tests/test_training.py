@@ -19,7 +19,7 @@ import eagle_mdsd
 from eagle_mdsd import head, jsonl, models, questions, training
 from eagle_mdsd.errors import UsageError
 
-from tiny import tiny_target
+from tiny import embedded_tokenizer as _embedded_tokenizer, tiny_target
 
 
 def test_training_prompts_never_contain_benchmark_questions(tmp_path):
@@ -286,14 +286,6 @@ def test_conversation_prompts_load_as_their_turns_and_benchmark_turns_are_droppe
     file.write_text(json.dumps({"messages": turns}) + "\n")
     with pytest.raises(ValueError, match="end with a user turn"):
         training.load_prompts([file])
-
-
-def _embedded_tokenizer():
-    """The embedded model's tokenizer (converting the model first if needed)."""
-    from transformers import AutoTokenizer
-
-    models.load_target()  # makes sure the converted embedded model (and its tokenizer) exists
-    return AutoTokenizer.from_pretrained(models.cache_dir() / "smollm2-135m-instruct")
 
 
 def _train(run, model, save_every=100, **recipe):

@@ -1,4 +1,7 @@
-"""A tiny random Llama target with a small vocabulary, for exact end-to-end checks."""
+"""A tiny random Llama target with a small vocabulary, for exact end-to-end checks; the embedded model's
+tokenizer for tests that need real text."""
+
+import functools
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -38,3 +41,14 @@ def greedy_tokens(target, prompt: list[int], steps: int) -> list[int]:
         for _ in range(steps):
             sequence.append(int(target(torch.tensor([sequence])).logits[0, -1].argmax()))
     return sequence[len(prompt):]
+
+
+@functools.cache
+def embedded_tokenizer():
+    """The embedded model's tokenizer, loaded once a worker (the model is converted from its GGUF on first use, but
+    not loaded: a test that needs text alone does not pay for the model)."""
+    from transformers import AutoTokenizer
+
+    from eagle_mdsd import models
+
+    return AutoTokenizer.from_pretrained(models._embedded_folder())

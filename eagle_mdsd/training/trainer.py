@@ -195,11 +195,8 @@ def train(out_dir: Path, recipe: TrainRecipe = TrainRecipe(), base_model=None, d
     target.requires_grad_(False)
     rows, lm_head = _draft_rows(target, shards, recipe, device)
     draft_head, layers = _start_head(target, rows, recipe)
-    optimizer = torch.optim.AdamW(draft_head.parameters(), lr=recipe.lr, betas=(0.9, 0.95), weight_decay=0.0)
     checkpoint = out_dir / "checkpoint.pt"
-    state = {"step": 0, "epoch": 0, "batch_in_epoch": 0, **recipe.saved(), "log": []}
-    if checkpoint.exists():
-        state = _resume(checkpoint, recipe, draft_head, optimizer, rows, layers)
+    optimizer, state = _optimizer_and_state(checkpoint, recipe, draft_head, rows, layers)
     total_steps = _total_steps(shards, recipe, out_dir)
     deadline = time.monotonic() + 60 * max_minutes if max_minutes else None
     progress = tqdm(total=total_steps, initial=state["step"], desc="train head")
@@ -233,6 +230,14 @@ def train(out_dir: Path, recipe: TrainRecipe = TrainRecipe(), base_model=None, d
     _report_rate(state, time.monotonic() - started, tokens_seen, recipe, device)
     _save(checkpoint, draft_head, optimizer, state)
     return state
+
+
+def _optimizer_and_state(checkpoint: Path, recipe: TrainRecipe, draft_head, rows, layers) -> tuple:
+    """(AdamW over the head, the run's state): fresh, or where the run's checkpoint left them."""
+    optimizer = torch.optim.AdamW(draft_head.parameters(), lr=recipe.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    if checkpoint.exists():
+        return optimizer, _resume(checkpoint, recipe, draft_head, optimizer, rows, layers)
+    return optimizer, {"step": 0, "epoch": 0, "batch_in_epoch": 0, **recipe.saved(), "log": []}
 
 
 def _draft_rows(target, shards: list[Path], recipe: TrainRecipe, device: str):
