@@ -32,6 +32,17 @@ def compiler_failure(error: Exception) -> str:
     return (str(cause).strip().splitlines() or [type(cause).__name__])[0][:200]
 
 
+def out_of_memory(error: BaseException) -> str | None:
+    """The one line for a run that ran out of memory (CUDA's OutOfMemoryError, a CPU allocator's refusal, Python's
+    MemoryError): the machine's limit, not a bug; None for any other error."""
+    if not (isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError"
+            or "can't allocate memory" in str(error)):
+        return None
+    what = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+    return (f"out of memory ({what}): use smaller batches or shorter answers (--batch-size, --tokens-per-batch or "
+            f"--max-new-tokens, where the command has them), or a device with more memory")
+
+
 MIN_TEMPERATURE = 1e-6  # below it (but 0) logits / T leave float32's range: nan, and transformers' sampling fails
 
 

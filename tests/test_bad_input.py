@@ -781,3 +781,62 @@ def test_sequoia_writes_no_tree_of_the_root_alone(tmp_path, monkeypatch):
     monkeypatch.setattr(sequoia, "measure_acceptance", lambda *args: ([0.5] + [0.0] * 7, 3))
     assert sequoia.build(lambda topology: None, None, out, max_nodes=4, max_depth=2, hardware_aware=False)["paths"]
     assert out.exists()
+
+
+@covers("batch-memory")
+def test_a_batch_whose_kv_cache_cannot_fit_is_refused_before_it_starts(tmp_path, tiny_chat, capsys, monkeypatch):
+    from eagle_mdsd.training import budget
+    from test_training import _talkative
+    from tiny import embedded_tokenizer
+
+    with monkeypatch.context() as patched:
+        _talkative(tmp_path / "model", embedded_tokenizer(), patched)
+        line = one_line_error(["train-head", "prompts", "--run", tmp_path / "p", "--count", 4, "--batch-size", 10**9,
+                               "--device", "cpu"], capsys, "batch-memory")
+    assert "--batch-size 1000000000: a batch of 1000000000 sequences of up to" in line
+    assert re.search(r"use --batch-size \d+ or less$", line)
+    assert not (tmp_path / "p" / "self_prompts.jsonl").exists()
+    # data: a batch is at most a shard's prompts; 4 prompts of up to 384 + 8 tokens at 128 bytes a token each
+    # (1 layer, keys and values of 2 heads of 8 in float32) need 200,704 bytes, and 2 fit in 110,000
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"w{i} w{i + 1}"}) + "\n" for i in range(4)))
+    monkeypatch.setattr(budget, "free_memory", lambda device: 110_000)
+    data = ["train-head", "data", "--run", tmp_path / "d", "--base-model", tiny_chat, "--prompts", prompts,
+            "--max-new-tokens", 8, "--dtype", "float32", "--device", "cpu"]
+    line = one_line_error(data + ["--batch-size", 64], capsys, "batch-memory")
+    assert "--batch-size 64: a batch of 4 sequences of up to 392 tokens" in line
+    assert line.endswith("use --batch-size 2 or less")
+    assert run(data + ["--batch-size", 2], capsys)[0] == 0  # what the line says fits
+
+
+@covers("out-of-memory")
+@pytest.mark.parametrize("error", [torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+                                   RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 8"),
+                                   MemoryError()])
+def test_a_run_out_of_memory_ends_in_one_line(tmp_path, capsys, monkeypatch, error):
+    from eagle_mdsd.training import prompts
+    from test_training import _talkative
+    from tiny import embedded_tokenizer
+
+    def exhausted(*args, **kwargs):
+        raise error
+
+    _talkative(tmp_path / "model", embedded_tokenizer(), monkeypatch)
+    monkeypatch.setattr(prompts, "_sampled_messages", exhausted)
+    one_line_error(["train-head", "prompts", "--run", tmp_path, "--count", 4, "--device", "cpu"], capsys,
+                   "out-of-memory")
+    monkeypatch.setattr(prompts, "_sampled_messages", lambda *args, **kwargs: [][0])  # any other error: a bug
+    with pytest.raises(IndexError):
+        cli.main(["train-head", "prompts", "--run", str(tmp_path), "--count", "4"])
+
+
+@covers("train-draft-vocab")
+def test_a_draft_vocabulary_over_the_targets_is_refused_in_training(tmp_path, capsys):
+    from test_training import _tiny_run
+    from tiny import embedded_tokenizer
+
+    model = _tiny_run(tmp_path / "run", embedded_tokenizer())
+    vocab = len(embedded_tokenizer())
+    line = one_line_error(["train-head", "train", "--run", tmp_path / "run", "--base-model", model,
+                           "--draft-vocab", vocab + 1, "--device", "cpu"], capsys, "train-draft-vocab")
+    assert f"pass at most {vocab}, or 'full'" in line

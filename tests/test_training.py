@@ -549,9 +549,12 @@ def test_train_head_prompts_reads_an_openers_file(monkeypatch, tmp_path):
 class _Parrot:
     """A stand-in target whose every message is the same text."""
 
-    device = torch.device("cpu")
+    device, dtype = torch.device("cpu"), torch.float32
 
     def __init__(self, tokenizer, text):
+        from transformers import LlamaConfig
+
+        self.config = LlamaConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=1)  # (the memory check's)
         self.message = tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
         self.generation_config = type("Config", (), {"eos_token_id": tokenizer.eos_token_id})()
 

@@ -2,8 +2,8 @@
 
 Bad input raises `errors.UsageError`, which `main` prints as one line with exit status 2 (the parser's own errors
 are one line too, `validate.Parser`); Ctrl-C ends in one line saying what was kept, with exit status 130, and so
-does SIGTERM (how Slurm, Kubernetes and `timeout` stop a job); any other exception is a bug and keeps its
-traceback.
+does SIGTERM (how Slurm, Kubernetes and `timeout` stop a job); running out of memory is one line with exit status
+2 as well; any other exception is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -70,6 +70,11 @@ def main(argv=None) -> int:
         args.fn(args)
     except errors.UsageError as error:
         print(f"eagle-mdsd: error: {error}", file=sys.stderr)
+        return 2
+    except (MemoryError, RuntimeError) as error:
+        if errors.out_of_memory(error) is None:
+            raise
+        print(f"eagle-mdsd: error: {errors.out_of_memory(error)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as stop:  # Ctrl-C: one line (errors.Interrupted says what was kept), no traceback
         print(f"eagle-mdsd: interrupted: {errors.interrupted_message(stop, args.command)}", file=sys.stderr)

@@ -21,7 +21,7 @@ from transformers import GenerationConfig
 
 from .. import models, outputs, peers
 from ..errors import UsageError, read_json
-from .budget import Budget
+from .budget import Budget, check_batch_memory
 from .prompts import load_prompts
 
 
@@ -131,23 +131,26 @@ def make_data(out_dir: Path, prompt_paths, recipe: DataRecipe = DataRecipe(), ba
     data_dir = Path(out_dir) / "data"
     prompts = _recorded_prompts(data_dir, prompts, prompt_paths, recipe, dtype)
     target, tokenizer = models.load_target(base_model, models.parse_dtype(dtype), device)
+    check_batch_memory(target, recipe.batch_size, recipe.max_prompt_tokens + recipe.max_new_tokens,
+                       batch=min(recipe.batch_size, recipe.shard_size, len(prompts)))  # (a batch: a shard's prompts)
     shards = []
     started, answers, answer_tokens = time.monotonic(), 0, 0
-    for start in tqdm(range(0, len(prompts), recipe.shard_size), desc="data shards"):
-        shard = data_dir / f"shard_{start // recipe.shard_size:05d}.pt"
-        shards.append(shard)
-        if shard.exists():
-            continue
-        if not budget.allows_step():
-            print(f"time budget reached: {len(list(data_dir.glob('shard_*.pt')))} shards done; rerun to continue")
-            break
-        samples, responses = _shard_samples(target, tokenizer, prompts[start : start + recipe.shard_size], recipe,
-                                            seed=recipe.seed * 1_000_003 + start)
-        answers, answer_tokens = answers + len(responses), answer_tokens + sum(map(len, responses))
-        staging = shard.with_suffix(".tmp")
-        torch.save(samples, staging)
-        os.replace(staging, shard)  # atomic: an interrupt never leaves half a shard
-        budget.step_took()
+    with tqdm(range(0, len(prompts), recipe.shard_size), desc="data shards") as bar:  # (closed on an error too)
+        for start in bar:
+            shard = data_dir / f"shard_{start // recipe.shard_size:05d}.pt"
+            shards.append(shard)
+            if shard.exists():
+                continue
+            if not budget.allows_step():
+                print(f"time budget reached: {len(list(data_dir.glob('shard_*.pt')))} shards done; rerun to continue")
+                break
+            samples, responses = _shard_samples(target, tokenizer, prompts[start : start + recipe.shard_size], recipe,
+                                                seed=recipe.seed * 1_000_003 + start)
+            answers, answer_tokens = answers + len(responses), answer_tokens + sum(map(len, responses))
+            staging = shard.with_suffix(".tmp")
+            torch.save(samples, staging)
+            os.replace(staging, shard)  # atomic: an interrupt never leaves half a shard
+            budget.step_took()
     seconds = time.monotonic() - started
     if answers:  # the rate that sizes a run on another machine or batch size
         print(f"data stage: {answers} answers, {answer_tokens} answer tokens in {seconds:.0f} s: "

@@ -19,7 +19,7 @@ from transformers import GenerationConfig
 
 from .. import jsonl, models, peers, questions, validate
 from ..errors import MissingFile, UsageError, read_text
-from .budget import Budget
+from .budget import Budget, check_batch_memory
 
 # The shipped prompt set (GPTeacher and the Alpaca seed tasks, xz-compressed; their licences beside them).
 DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "data" / "prompts"
@@ -192,30 +192,30 @@ def self_prompts(out_dir: Path, count: int, base_model=None, dtype: str = "bfloa
         return path
     target, tokenizer = models.load_target(base_model, models.parse_dtype(dtype), device)
     header = user_turn_prefix(tokenizer)
+    opener_ids = [tokenizer(opener, add_special_tokens=False)["input_ids"] for opener in openers or [""]]
+    check_batch_memory(target, batch_size, len(header) + max(map(len, opener_ids)) + max_tokens)
     stop = set(models.eos_token_ids(target, tokenizer))
-    progress = tqdm(total=count, initial=written, desc="self-written prompts")
-    barren = 0  # batches in a row that kept nothing
-    started, tried = time.monotonic(), 0
-    while written < count:
-        if barren == 20:
-            raise UsageError(f"the target ended none of its last 20 x {batch_size} messages within {max_tokens} "
-                             f"tokens or all were duplicates: this model cannot write its own prompts")
-        if not budget.allows_step():
-            print(f"time budget reached: {written} prompts written; rerun to continue")
-            break
-        opener = openers[batch % len(openers)] if openers else ""
-        opener_ids = tokenizer(opener, add_special_tokens=False)["input_ids"]
-        messages = _sampled_messages(target, tokenizer, header + opener_ids, batch_size, max_tokens, stop,
-                                     seed=seed * 1_000_003 + batch)
-        kept = _kept(messages, tokenizer, stop, opener, seen, count - written)
-        jsonl.append(path, *({"prompt": text, "batch": batch} for text in kept))  # one write per batch
-        budget.step_took()
-        written += len(kept)
-        tried += batch_size
-        barren = 0 if kept else barren + 1
-        progress.update(len(kept))
-        batch += 1
-    progress.close()
+    with tqdm(total=count, initial=written, desc="self-written prompts") as progress:  # (closed on an error too)
+        barren = 0  # batches in a row that kept nothing
+        started, tried = time.monotonic(), 0
+        while written < count:
+            if barren == 20:
+                raise UsageError(f"the target ended none of its last 20 x {batch_size} messages within {max_tokens} "
+                                 f"tokens or all were duplicates: this model cannot write its own prompts")
+            if not budget.allows_step():
+                print(f"time budget reached: {written} prompts written; rerun to continue")
+                break
+            opener = openers[batch % len(openers)] if openers else ""
+            messages = _sampled_messages(target, tokenizer, header + opener_ids[batch % len(opener_ids)], batch_size,
+                                         max_tokens, stop, seed=seed * 1_000_003 + batch)
+            kept = _kept(messages, tokenizer, stop, opener, seen, count - written)
+            jsonl.append(path, *({"prompt": text, "batch": batch} for text in kept))  # one write per batch
+            budget.step_took()
+            written += len(kept)
+            tried += batch_size
+            barren = 0 if kept else barren + 1
+            progress.update(len(kept))
+            batch += 1
     if tried:  # the rate that sizes a run on another machine or batch size
         seconds = time.monotonic() - started
         print(f"prompts stage: {written - len(records)} kept of {tried} messages in {seconds:.0f} s: "

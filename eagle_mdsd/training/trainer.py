@@ -243,9 +243,12 @@ def _optimizer_and_state(checkpoint: Path, recipe: TrainRecipe, draft_head, rows
 def _draft_rows(target, shards: list[Path], recipe: TrainRecipe, device: str):
     """(the vocabulary rows the head drafts over, the output layer over them): every row, or with
     recipe.draft_vocab the most frequent answer tokens of the data's shards."""
-    lm_head = target.get_output_embeddings()
-    rows = torch.arange(target.config.vocab_size, device=device)
-    if recipe.draft_vocab is not None and recipe.draft_vocab < target.config.vocab_size:
+    lm_head, vocab = target.get_output_embeddings(), target.config.vocab_size
+    if recipe.draft_vocab is not None and recipe.draft_vocab > vocab:
+        raise UsageError(f"--draft-vocab {recipe.draft_vocab} is more than the target's vocabulary of {vocab} tokens: "
+                         f"pass at most {vocab}, or 'full'")
+    rows = torch.arange(vocab, device=device)
+    if recipe.draft_vocab is not None and recipe.draft_vocab < vocab:
         rows = torch.tensor(sorted(rank_tokens(shards, target.config.vocab_size)[: recipe.draft_vocab]),
                             device=device)
         lm_head = draft_vocab_lm_head(lm_head, rows)
