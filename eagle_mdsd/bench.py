@@ -138,6 +138,7 @@ CHOICE_SCHEMA = {
     "graph_capture_time": validate.Field(validate.is_seconds_list, "a list of finite seconds", required=False),
 }
 ANSWER_LISTS = ("turns", "new_tokens", "idxs", "wall_time")  # one entry per turn in choices[0]
+MAX_TURN_TOKENS = 1 << 24  # far above any context a model has
 
 
 def _answer_fault(row) -> str | None:
@@ -146,8 +147,17 @@ def _answer_fault(row) -> str | None:
                                                                              "choices[0].")
     if fault:
         return fault
-    if len({len(row["choices"][0][key]) for key in ANSWER_LISTS}) > 1:
+    choice = row["choices"][0]
+    if len({len(choice[key]) for key in ANSWER_LISTS}) > 1:
         return f"choices[0].{'/'.join(ANSWER_LISTS)} of different lengths"
+    most = max(choice["new_tokens"], default=0)
+    if most > MAX_TURN_TOKENS:
+        return f"choices[0].new_tokens holds {most}, more than a turn can generate ({MAX_TURN_TOKENS})"
+    if any(seconds <= 0 < tokens for tokens, seconds in zip(choice["new_tokens"], choice["wall_time"])):
+        return "choices[0].wall_time is 0 s for a turn that generated tokens"
+    longest = max((n for turn in turn_lengths(choice) for n in turn), default=0)
+    if longest > most:
+        return f"choices[0].accept_lengths holds {longest}, more than a turn's new tokens ({most})"
     return None
 
 

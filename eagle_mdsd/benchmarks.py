@@ -162,11 +162,19 @@ def summary(result: dict) -> list[str]:
 
 
 def run_core_benchmark(out_dir: Path, vocabs=VOCABS, draft_counts=DRAFT_COUNTS) -> dict:
-    result = {"date": datetime.date.today().isoformat(), "machine": machine(),
+    """Time, then write out_dir/core_bench_DATE.{json,md}: a folder that cannot be made, or a page of that day
+    already there, is a one-line error before the timing."""
+    date = datetime.date.today().isoformat()
+    stem = out_dir / f"core_bench_{date}"
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise outputs.write_failed(out_dir, error) from None
+    outputs.refuse_existing([stem.with_suffix(".json"), stem.with_suffix(".md")], "page",
+                            "pass another --out, or move that page away")
+    result = {"date": date, "machine": machine(),
               "node": time_node(vocabs, draft_counts), "alpha": time_alpha(vocabs, draft_counts)}
     result["summary"] = summary(result)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stem = out_dir / f"core_bench_{result['date']}"
     outputs.write_atomically(stem.with_suffix(".json"), json.dumps(result, indent=1) + "\n")
     outputs.write_atomically(stem.with_suffix(".md"), markdown(result))
     return result

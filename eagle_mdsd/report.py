@@ -146,7 +146,8 @@ def spread_markdown(entries: list[dict], listed: int = 12) -> list[str]:
         rates = dict((q, r) for q, r in entry["question_tokens_per_s"])
         ordered = [r for _, r in entry["question_tokens_per_s"]]
         half = len(ordered) // 2
-        drift = (f"{statistics.fmean(ordered[:half]) / statistics.fmean(ordered[-half:]):.2f}" if half else "-")
+        later = statistics.fmean(ordered[-half:]) if half else 0.0
+        drift = f"{statistics.fmean(ordered[:half]) / later:.2f}" if later > 0 else "-"  # (answers of 0 tokens)
         lines.append(f"| {entry['label']} | {min(ordered):.1f} | {statistics.median(ordered):.1f} | "
                      f"{max(ordered):.1f} | {drift} |"
                      + ("".join(f" {rates[q]:.1f} |" if q in rates else " - |" for q in every) if shown else ""))
@@ -218,6 +219,11 @@ def summarise(answer_file: Path) -> dict[str, dict]:
     return {name: _totals(group) for name, group in _by_category(bench.read_rows(answer_file)).items()}
 
 
+def _ratio(mine: float, theirs: float) -> float:
+    """mine / theirs; nan (shown as '-') where the baseline's rate is 0 (answers of 0 tokens) or nan."""
+    return mine / theirs if theirs > 0 else math.nan
+
+
 def compare(answer_files: list[Path], baseline: Path | None = None, labels: list[str] | None = None,
             paired: bool = False, window: int | None = None, mixed_settings: bool = False,
             across: tuple = ()) -> list[dict]:
@@ -241,16 +247,19 @@ def compare(answer_files: list[Path], baseline: Path | None = None, labels: list
         if not rows:
             raise UsageError(f"answer file {path} is missing or empty: run `eagle-mdsd bench` to write it")
         notes = comparable(path, rows, baseline, base_list, "baseline", across) if baseline else []
+        if base_rows and not any(r["question_id"] in base_rows for r in rows):
+            raise UsageError(f"baseline {baseline} answers none of the questions of {path}: give a baseline "
+                             f"answered on the same questions")
         categories = {}
         for name, group in _by_category(rows).items():
             totals = _totals(group)
             if base_rows:
                 shared = [r for r in group if r["question_id"] in base_rows]
                 mine, theirs = _totals(shared), _totals([base_rows[r["question_id"]] for r in shared])
-                totals["speedup"] = mine["tokens_per_s"] / theirs["tokens_per_s"] if shared else float("nan")
-                totals["baseline_tokens_per_s"] = theirs["tokens_per_s"] if shared else float("nan")
-                totals["mean_question_speedup"] = (mine["mean_question_tokens_per_s"]
-                                                   / theirs["mean_question_tokens_per_s"] if shared else float("nan"))
+                totals["speedup"] = _ratio(mine["tokens_per_s"], theirs["tokens_per_s"]) if shared else math.nan
+                totals["baseline_tokens_per_s"] = theirs["tokens_per_s"] if shared else math.nan
+                totals["mean_question_speedup"] = (_ratio(mine["mean_question_tokens_per_s"],
+                                                          theirs["mean_question_tokens_per_s"]) if shared else math.nan)
             categories[name] = totals
         label = labels[i] if labels else rows[0].get("model_id") or Path(path).stem
         entries.append({"label": label, "file": str(path), "categories": categories,
@@ -295,15 +304,19 @@ def _overall_table(entries: list[dict], over: str | tuple, with_speedup: bool) -
         mean_rate = total.get("mean_question_tokens_per_s", float("nan"))
         lines.append(f"| {entry['label']} | {total['questions']} | {total['new_tokens']} | {total['tau']:.2f} | "
                      f"{total['tokens_per_s']:.1f} | {mean_rate:.1f} |"
-                     + (f" {total['speedup']:.2f}x | {total['mean_question_speedup']:.2f}x |" if with_speedup
+                     + (f" {_times(total['speedup'])} | {_times(total['mean_question_speedup'])} |" if with_speedup
                         else "")
-                     + "".join(f" {total['tokens_per_s'] / speeds[label]:.2f}x |" if same_questions(
+                     + "".join(f" {_times(_ratio(total['tokens_per_s'], speeds[label]))} |" if same_questions(
                          entry, by_label[label]) else " - |" for label in peers))
     return lines + ["", "tokens/s: total new tokens over total time (every turn's wall time, prefill included). "
                     "tokens/s, mean of questions: the mean over questions of each question's tokens over its time, "
                     "as Spec-Bench's and EAGLE's speed.py compute it; their speedup is the ratio of those means."
                     + (" x METHOD: - where the two rows answered different questions." if any(
                         not same_questions(e, by_label[label]) for e in entries for label in peers) else "")]
+
+
+def _times(ratio: float) -> str:
+    return "-" if math.isnan(ratio) else f"{ratio:.2f}x"
 
 
 def _category_table(entries: list[dict], with_speedup: bool) -> list[str]:

@@ -98,6 +98,10 @@ def read_task(path: Path) -> dict:
     if not (isinstance(data, dict) and all(isinstance(data.get(key), torch.Tensor) for key in ("p", *DRAFTS))
             and isinstance(data.get("settings", {}), dict)):
         raise UsageError(f"task file {path} holds no collected positions: {fix}")
+    shape = data["p"].shape  # [positions, V] logits, the drafts' alike
+    if len(shape) != 2 or shape[0] == 0 or any(data[key].shape != shape for key in DRAFTS):
+        raise UsageError(f"task file {path} holds logits of shapes {[tuple(data[k].shape) for k in ('p', *DRAFTS)]}, "
+                         f"not one [positions, vocabulary] shape: {fix}")
     return data
 
 
@@ -212,8 +216,14 @@ def summarise(rates: dict[str, torch.Tensor]) -> dict[str, dict]:
 def _cached_rates(run: Path, task: str, draft: str, temperature: float, n: int, limit: int | None,
                   draws: int) -> dict[str, torch.Tensor]:
     cache = run / "rates" / f"{task}_{draft}_t{temperature:g}_n{n}_{limit or 'all'}_d{draws}.pt"
-    if cache.exists():
-        return torch.load(cache, weights_only=True)
+    if cache.exists():  # a cache that cannot be read (cut short, damaged, replaced) is computed anew
+        try:
+            cached = checkpoint.load_saved(cache, "cached rates", "")
+        except UsageError:
+            cached = None
+        if isinstance(cached, dict) and cached and all(isinstance(v, torch.Tensor) and v.dim() == 1
+                                                       for v in cached.values()):
+            return cached
     data = read_task(run / f"{task}.pt")
     rows = slice(None, limit)
     rates = rates_for(data["p"][rows], data[draft][rows], temperature, n, seed=n * 1000 + int(100 * temperature),

@@ -6,6 +6,7 @@ few that need a model use a tiny Llama with a word-level tokenizer saved as a fo
 
 from __future__ import annotations
 
+import datetime
 import json
 import re
 import shlex
@@ -194,6 +195,7 @@ CASES = {
     "method-option": lambda tmp: ["generate", "--prompt", "hi", "--method", "baseline", "--drafter", "greedy",
                                   "--verifier", "greedy"],
     "acceptance-pq": lambda tmp: ["acceptance", "--p", "[0.5, 0.5]", "--q", "x"],
+    "acceptance-range": lambda tmp: ["acceptance", "--p", "[1e308, 1e308]", "--q", "[0.5, 0.5]"],
     "question-id": lambda tmp: ["bench", "--bench", _question_file(tmp, [{"question_id": [1], "turns": ["A?"]}])],
     "question-category": lambda tmp: ["bench", "--bench", _question_file(tmp, [{"category": {"a": 1},
                                                                                  "turns": ["A?"]}])],
@@ -205,6 +207,15 @@ CASES = {
                                  "--out", tmp / "r"],
     "answer-lengths": lambda tmp: ["report", _jsonl(tmp / "a.jsonl", [_row(81, new_tokens=[4, 4])]),
                                    "--out", tmp / "r"],
+    "answer-tokens": lambda tmp: ["report", _jsonl(tmp / "a.jsonl", [_row(81, new_tokens=[10**400])]),
+                                  "--out", tmp / "r"],
+    "answer-time": lambda tmp: ["report", _jsonl(tmp / "a.jsonl", [_row(81, wall_time=(0.0,))]), "--out", tmp / "r"],
+    "answer-accepted": lambda tmp: ["report", _jsonl(tmp / "a.jsonl", [_row(81, accept_lengths=[10**9])]),
+                                    "--out", tmp / "r"],
+    "report-disjoint": lambda tmp: ["report", _jsonl(tmp / "a.jsonl", [_row(81)]), "--baseline",
+                                    _jsonl(tmp / "b.jsonl", [_row(1081)]), "--out", tmp / "r"],
+    "bench-core-out": lambda tmp: ["bench-core", "--max-drafts", "2", "--out",
+                                   (tmp / f"core_bench_{datetime.date.today()}.md").write_text("x") and tmp],
     "answer-twice": lambda tmp: ["report", _jsonl(tmp / "a.jsonl", [_row(81), _row(81)]), "--out", tmp / "r"],
     "answer-not-utf8": lambda tmp: ["report", (tmp / "a.jsonl").write_bytes(b"\xff\xfe{}\n") and tmp / "a.jsonl",
                                     "--out", tmp / "r"],

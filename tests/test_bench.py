@@ -908,3 +908,17 @@ def test_trees_and_temperatures_whose_answer_files_would_share_a_name_are_refuse
         plans.sweep_cells(plans.SweepPlan(trees=trees, temperatures=(0.0,)))
     with pytest.raises(errors.UsageError, match="--temperatures gives t0.1 more than once"):
         plans.SweepPlan(temperatures=(0.1, 0.1000001))
+
+
+def test_answers_of_no_tokens_report_a_dash_not_a_division_by_zero(tmp_path):
+    """A turn may end on EOS at once (0 new tokens): the first half / second half ratio and a speedup over such a
+    baseline are '-', not an error."""
+    def row(qid, tokens):
+        return {"question_id": qid, "category": "writing", "choices": [
+            {"turns": ["t"], "new_tokens": [tokens], "idxs": [max(tokens, 1)], "wall_time": [1.0]}]}
+
+    mine, empty = tmp_path / "mine.jsonl", tmp_path / "empty.jsonl"
+    mine.write_text("".join(json.dumps(row(q, t)) + "\n" for q, t in ((81, 8), (82, 0))))
+    empty.write_text("".join(json.dumps(row(q, 0)) + "\n" for q in (81, 82)))
+    page = report.write([mine], tmp_path / "page", baseline=empty)[0].read_text()
+    assert "| mine | 0.0 | 4.0 | 8.0 | - |" in page and "nan" not in page

@@ -164,3 +164,25 @@ def test_collecting_a_task_anew_drops_the_rates_cached_from_its_old_file(tmp_pat
         torch.save({}, path)
     study.collect(tmp_path, positions=4, tasks=("qa",))
     assert [path.exists() for path in cached] == [False, False] and kept.exists()
+
+
+def test_cached_rates_that_cannot_be_read_are_computed_anew(tmp_path):
+    torch.manual_seed(0)
+    torch.save({key: torch.randn(3, 5) for key in ("p", *study.DRAFTS)}, tmp_path / "qa.pt")
+    rates = study._cached_rates(tmp_path, "qa", "eagle", 0.7, 3, None, 1)
+    cache = tmp_path / "rates" / "qa_eagle_t0.7_n3_all_d1.pt"
+    whole = cache.read_bytes()
+    for damage in (lambda: cache.write_bytes(whole[:300]), lambda: cache.write_text("garbage"),
+                   lambda: torch.save([1, 2], cache), lambda: torch.save({"kseq": torch.zeros(2, 2)}, cache)):
+        damage()
+        again = study._cached_rates(tmp_path, "qa", "eagle", 0.7, 3, None, 1)
+        assert again.keys() == rates.keys() and all(torch.equal(again[k], rates[k]) for k in rates)
+        assert cache.read_bytes() == whole  # and written again
+
+
+@pytest.mark.parametrize("shapes", [{"eagle": (3, 4)}, {"p": (0, 5), "eagle": (0, 5), "truncated": (0, 5)},
+                                    {"p": (5,), "eagle": (5,), "truncated": (5,)}])
+def test_a_task_file_of_mismatched_or_empty_logits_is_one_line(tmp_path, shapes):
+    torch.save({key: torch.zeros(shapes.get(key, (3, 5))) for key in ("p", *study.DRAFTS)}, tmp_path / "qa.pt")
+    with pytest.raises(study.UsageError, match=r"qa.pt holds logits of shapes .*: delete it and run"):
+        study.read_task(tmp_path / "qa.pt")

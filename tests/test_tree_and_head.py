@@ -271,8 +271,8 @@ def test_cuda_without_a_gpu_is_a_one_line_error(command, tmp_path, capsys):
 
 @pytest.mark.parametrize("args, message", [
     (["--p", "[0.5, 0.6]", "--q", "[0.5, 0.5]"], "--p sums to 1.1, not 1"),  # not normalised away
-    (["--p", "[0.5, 0.5]", "--q", "[0.5, NaN]"], "--q must hold finite, non-negative probabilities"),
-    (["--p", "[0.5, 0.5]", "--q", "[1.5, -0.5]"], "--q must hold finite, non-negative probabilities"),
+    (["--p", "[0.5, 0.5]", "--q", "[0.5, NaN]"], "--q must hold probabilities between 0 and 1"),
+    (["--p", "[0.5, 0.5]", "--q", "[1.5, -0.5]"], "--q must hold probabilities between 0 and 1"),
 ])
 def test_acceptance_refuses_what_is_not_a_distribution(args, message, capsys):
     from eagle_mdsd import cli

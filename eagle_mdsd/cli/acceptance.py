@@ -25,11 +25,12 @@ def distribution(text: str, what: str) -> list[float]:
         values = json.loads(text)
     except json.JSONDecodeError:
         raise UsageError(f"--{what} must be a JSON list of probabilities such as [0.5, 0.3, 0.2]") from None
-    if not isinstance(values, list) or not values or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+    numbers = isinstance(values, list) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+    if not numbers or not values:
         raise UsageError(f"--{what} must be a JSON list of probabilities such as [0.5, 0.3, 0.2]")
     values = [float(v) for v in values]
-    if not all(math.isfinite(v) and v >= 0 for v in values):
-        raise UsageError(f"--{what} must hold finite, non-negative probabilities, got {text}")
+    if not all(math.isfinite(v) and 0 <= v <= 1 for v in values):  # (also keeps fsum from overflowing)
+        raise UsageError(f"--{what} must hold probabilities between 0 and 1, got {text}")
     total = math.fsum(values)
     if abs(total - 1) > 1e-6:  # a typo in one entry would otherwise be normalised away unseen
         raise UsageError(f"--{what} sums to {total:g}, not 1: give probabilities that add up to 1")
