@@ -26,17 +26,18 @@ Writes DIR/dynamic_defaults_DATE.md (default runs/dynamic_defaults/DATE_HOST_TIM
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import random
 import socket
+import sys
 import time
 from pathlib import Path
 
 import numpy
 
 from eagle_mdsd import benchmarks, dynamic, engine, head, models, sequoia, tree_specs
-from eagle_mdsd.cli.options import count
+from eagle_mdsd import validate
+from eagle_mdsd.cli.options import count, output_folder
 from eagle_mdsd.errors import UsageError
 
 # The shapes tried: from a chain's size to well past eagle_default's cost on a CPU; a depth beyond the drafted
@@ -126,17 +127,18 @@ def page(runs: dict, coefficients, best: dict) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = validate.Parser(prog="dynamic_defaults.py", description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--prompts", type=count(1), default=4)
     parser.add_argument("--max-new-tokens", type=count(2), default=64)
-    parser.add_argument("--shapes", type=int, default=0, help="only this many shapes of each kind (a quick check)")
-    parser.add_argument("--out", type=Path)
+    parser.add_argument("--shapes", type=count(0), default=0,
+                        help="only this many shapes of each kind (a quick check; 0: all)")
+    parser.add_argument("--out", type=output_folder)
     args = parser.parse_args()
     models.check_device(args.device)
     dtype = models.parse_dtype(args.dtype)  # bad options: one line, before the model loads
-    out = args.out or Path("runs") / "dynamic_defaults" / time.strftime(f"%Y-%m-%d_{socket.gethostname()}_%H%M%S")
+    out = Path(args.out or Path("runs/dynamic_defaults") / time.strftime(f"%Y-%m-%d_{socket.gethostname()}_%H%M%S"))
     target, tokenizer = models.load_target(None, dtype, args.device)
     draft_head = head.load_head(models.DEFAULT_HEAD, target)
     eos = models.eos_token_ids(target, tokenizer)
@@ -166,5 +168,6 @@ def main() -> None:
 if __name__ == "__main__":
     try:
         main()
-    except UsageError as error:
-        raise SystemExit(f"dynamic_defaults.py: error: {error}") from None
+    except UsageError as error:  # one line, exit 2, as the command's own errors
+        print(f"dynamic_defaults.py: error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None

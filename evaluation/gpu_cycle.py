@@ -32,7 +32,6 @@ Writes DIR/gpu_cycle_SHAPE.md (default runs/gpu_cycle/DATE_HOST_TIME/).
 
 from __future__ import annotations
 
-import argparse
 import json
 import socket
 import statistics
@@ -46,8 +45,10 @@ import torch
 import transformers
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from eagle_mdsd import benchmarks, engine, head, models, outputs, peers
+from eagle_mdsd import benchmarks, engine, head, models, outputs, peers, validate
 from eagle_mdsd.benchmark import plans
+from eagle_mdsd.cli.options import count, output_folder
+from eagle_mdsd.errors import check_temperature
 
 SHAPES = {
     "smollm2": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
@@ -214,13 +215,13 @@ def measured_tau(result_file: Path | None) -> dict:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = validate.Parser(prog="gpu_cycle.py", description=__doc__.splitlines()[0])
     parser.add_argument("--shape", choices=sorted(SHAPES), default="vicuna7b")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
-    parser.add_argument("--prompt", type=int, default=128, help="prompt tokens (default 128)")
-    parser.add_argument("--tokens", type=int, default=64, help="new tokens a timed call (default 64)")
-    parser.add_argument("--repeats", type=int, default=3, help="timed calls a row (default 3)")
+    parser.add_argument("--prompt", type=count(1), default=128, help="prompt tokens (default 128)")
+    parser.add_argument("--tokens", type=count(1), default=64, help="new tokens a timed call (default 64)")
+    parser.add_argument("--repeats", type=count(1), default=3, help="timed calls a row (default 3)")
     parser.add_argument("--temperatures", default="0,1", help="EAGLE's cycles at these temperatures (default 0,1)")
     parser.add_argument("--trees", nargs="+", default=list(TREES), help="EAGLE's trees (default: %(default)s)")
     parser.add_argument("--no-compiled", action="store_true", help="skip hf_compiled (its compile takes a while)")
@@ -228,15 +229,26 @@ def main(argv=None) -> None:
                         help="also our plain step and eagle_default with --cuda-graphs compile (minutes to compile)")
     parser.add_argument("--profile", action="store_true", help="also the GPU's busy share (CUDA)")
     parser.add_argument("--tau-from", type=Path, help="a benchmark's result JSON: projected tokens/s from its tau")
-    parser.add_argument("--out", type=Path, help="folder for the page (default runs/gpu_cycle/DATE_HOST_TIME)")
+    parser.add_argument("--out", type=output_folder, help="folder for the page (default runs/gpu_cycle/DATE_HOST_TIME)")
     args = parser.parse_args(argv)
+    # every option checked before the target is built: on a GPU a late refusal costs device time
     if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise SystemExit("error: --device cuda but torch sees no CUDA device: use --device cpu (with --shape tiny)")
+        parser.error("--device cuda but torch sees no CUDA device: use --device cpu (with --shape tiny)")
     if args.tau_from is not None and not args.tau_from.is_file():
-        raise SystemExit(f"error: --tau-from {args.tau_from} is no file: give a benchmark's result JSON")
-    temperatures = [float(t) for t in args.temperatures.split(",")]
+        parser.error(f"--tau-from {args.tau_from} is no file: give a benchmark's result JSON")
+    try:
+        models.check_device(args.device)
+        temperatures = [float(t) for t in args.temperatures.split(",")]
+        for temperature in temperatures:
+            check_temperature(temperature, "each of --temperatures")
+        plans.benchmark_setups(args.trees, "topk", "topk", tuple(plans.SAMPLING_PAIR.split("/")), device=args.device)
+        taus = measured_tau(args.tau_from)
+    except (ValueError, KeyError, TypeError, AttributeError) as error:  # (UsageError is a ValueError)
+        what = f"--tau-from {args.tau_from} is no benchmark result JSON ({error!r})" if isinstance(
+            error, (KeyError, TypeError, AttributeError)) else str(error)
+        parser.error(what)
     stamp = datetime.now()
-    out = args.out or Path("runs/gpu_cycle") / f"{stamp:%Y-%m-%d}_{socket.gethostname()}_{stamp:%H%M%S}"
+    out = Path(args.out or Path("runs/gpu_cycle") / f"{stamp:%Y-%m-%d}_{socket.gethostname()}_{stamp:%H%M%S}")
     page = out / f"gpu_cycle_{args.shape}.md"
     trace = out / f"trace_{args.shape}.json.gz"
     dtype = getattr(torch, args.dtype)
@@ -248,7 +260,6 @@ def main(argv=None) -> None:
     weights = step_bytes(target)
     bandwidth = copy_bandwidth(args.device, 1024 if cuda else 128)
     floor_ms = 1000 * weights / bandwidth
-    taus = measured_tau(args.tau_from)
     prompt = torch.randint(3, target.config.vocab_size, (args.prompt,), generator=torch.Generator().manual_seed(1))
     prompt = prompt.tolist()
     rows = {}  # label -> (ms, cycles, warm-up s, T, graphs: graphs_note or "-" for a peer)

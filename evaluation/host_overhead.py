@@ -27,7 +27,6 @@ leaves the rows it finished, on a page that names the rows it did not measure.
 
 from __future__ import annotations
 
-import argparse
 import platform
 import socket
 import statistics
@@ -41,7 +40,9 @@ import transformers
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from eagle_mdsd import benchmarks, engine, head, hostsync, outputs, tree_specs, verification
-from eagle_mdsd.cli.options import count
+from eagle_mdsd import validate
+from eagle_mdsd.cli.options import count, output_folder
+from eagle_mdsd.errors import UsageError
 
 ROWS = [  # (label, method, tree, drafter, verifier, temperature)
     ("our plain step", "baseline", None, "topk", "topk", 0.0),
@@ -118,17 +119,18 @@ def transformers_generate(target, tokens: int) -> Runner:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = validate.Parser(prog="host_overhead.py", description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=count(2), default=48, help="new tokens a call (default 48)")
     parser.add_argument("--repeats", type=count(1), default=5, help="timed calls a row; the median counts (default 5)")
-    parser.add_argument("--out", type=Path, help="folder for the page (default runs/host_overhead/DATE_HOST_TIME)")
+    parser.add_argument("--out", type=output_folder,
+                        help="folder for the page (default runs/host_overhead/DATE_HOST_TIME)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     parser.add_argument("--kernels", choices=("stock", "auto"), default="stock",
                         help="our decoders' linear layers and attention: 'stock' (default) or 'auto' (in bf16 on a "
                              "CPU with oneDNN: packed weights, and attention on the shared key/value heads)")
     args = parser.parse_args()
     stamp = datetime.now()
-    out = args.out or Path("runs/host_overhead") / f"{stamp:%Y-%m-%d}_{socket.gethostname()}_{stamp:%H%M%S}"
+    out = Path(args.out or Path("runs/host_overhead") / f"{stamp:%Y-%m-%d}_{socket.gethostname()}_{stamp:%H%M%S}")
     target = tiny_smollm_shape().to(getattr(torch, args.dtype))
     target.generation_config.eos_token_id = None
     draft_head = head.random_head(target)
@@ -197,4 +199,8 @@ def markdown(rows: list[tuple], left: list[str], args, stamp: datetime) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except UsageError as error:  # a page that cannot be written: one line, exit 2, as the command's own errors
+        print(f"host_overhead.py: error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None

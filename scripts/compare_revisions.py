@@ -162,7 +162,8 @@ def main() -> None:
     parser.add_argument("--first-cycles", type=int, default=0,
                         help="also the mean accepted length of each question's first cycle over this many seeds")
     parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--name")
+    parser.add_argument("--name", help="the page's name, evaluation/results/NAME.md (default: "
+                        "engine_vs_REV_DATE_TIME_DTYPE; a name given again replaces its page)")
     args = parser.parse_args()
     if args.questions < 1 or args.max_new_tokens < 1 or args.first_cycles < 0:
         parser.error("--questions and --max-new-tokens must be at least 1, --first-cycles at least 0")
@@ -181,7 +182,13 @@ def main() -> None:
     except (ValueError, FileNotFoundError) as error:
         parser.error(str(error))
     date = datetime.date.today().isoformat()
-    name = args.name or f"engine_vs_{args.revision}_{date}_{args.dtype}"
+    # by default a name of its own (a second run of the day kept the first's name, and replaced its page); a
+    # --name given again replaces its page, as a rerun of a cut run does
+    stamp = datetime.datetime.now().strftime("%H%M%S")
+    name = args.name if args.name is not None else \
+        f"engine_vs_{args.revision}_{date}_{stamp}_{args.dtype}".replace("/", "-")
+    if not name or "/" in name or name in (".", ".."):
+        parser.error(f"--name {name!r} must be a plain file name (the page is evaluation/results/NAME.md)")
 
     target, tokenizer = models.load_target(None, dtype, "cpu")
     draft_head = head.load_head(models.DEFAULT_HEAD, target)

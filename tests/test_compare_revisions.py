@@ -97,3 +97,12 @@ def test_the_page_is_written_whole_after_every_cell_and_says_which_cells_a_cut_r
     whole = (tmp_path / "page.md").read_text()
     assert "Partial" not in whole and whole.count("| chain3, topk/topk | 1 |") == 2
     assert [path.name for path in tmp_path.iterdir()] == ["page.md"]
+
+
+@pytest.mark.parametrize("name, message", [("a/b", "must be a plain file name"), ("", "must be a plain file name")])
+def test_the_page_name_is_a_plain_file_name(script, monkeypatch, capsys, name, message):
+    monkeypatch.setattr(script.models, "load_target", lambda *args: pytest.fail("the model loaded"))
+    monkeypatch.setattr("sys.argv", ["compare_revisions.py", "HEAD", "--name", name])
+    with pytest.raises(SystemExit) as stop:
+        script.main()
+    assert stop.value.code == 2 and message in capsys.readouterr().err

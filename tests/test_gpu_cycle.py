@@ -53,10 +53,29 @@ def test_our_compiled_rows_are_timed_beside_the_others(tmp_path, monkeypatch):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
-def test_the_cycle_timing_refuses_cuda_without_a_gpu(tmp_path):
-    with pytest.raises(SystemExit, match="^error: --device cuda but torch sees no CUDA device"):
+def test_the_cycle_timing_refuses_cuda_without_a_gpu(tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
         evaluation_scripts.load("gpu_cycle").main(["--device", "cuda", "--out", str(tmp_path)])
+    assert stop.value.code == 2 and "error: --device cuda but torch sees no CUDA device" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("option, message", [
+    (["--device", "tpu"], "--device tpu: use cpu"), (["--tokens", "0"], "--tokens: must be at least 1"),
+    (["--repeats", "0"], "--repeats: must be at least 1"), (["--prompt", "-1"], "--prompt: must be at least 1"),
+    (["--temperatures", "nan"], "each of --temperatures must be >= 0"), (["--trees", "nope"], "unknown tree 'nope'"),
+    (["--tau-from", "WRONG"], "is no benchmark result JSON"), (["--out", "FILE"], "is a file: give a folder")])
+def test_every_option_of_the_cycle_timing_is_checked_before_the_target_is_built(tmp_path, capsys, monkeypatch,
+                                                                                 option, message):
+    script = evaluation_scripts.load("gpu_cycle")
+    monkeypatch.setattr(script, "random_target", lambda *args: pytest.fail("the target was built"))
+    (tmp_path / "wrong.json").write_text('{"x": 1}')
+    (tmp_path / "file").write_text("")
+    option = [{"WRONG": str(tmp_path / "wrong.json"), "FILE": str(tmp_path / "file")}.get(o, o) for o in option]
+    with pytest.raises(SystemExit) as stop:
+        script.main(["--shape", "tiny", "--device", "cpu", *option])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and message in err and err.count("\n") <= 2 and "Traceback" not in err, err
 
 
 def test_the_busy_share_sums_the_device_events_alone():
