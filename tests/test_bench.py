@@ -922,3 +922,11 @@ def test_answers_of_no_tokens_report_a_dash_not_a_division_by_zero(tmp_path):
     empty.write_text("".join(json.dumps(row(q, 0)) + "\n" for q in (81, 82)))
     page = report.write([mine], tmp_path / "page", baseline=empty)[0].read_text()
     assert "| mine | 0.0 | 4.0 | 8.0 | - |" in page and "nan" not in page
+
+
+def test_a_cycle_whose_path_ran_past_the_token_budget_is_a_valid_answer(tmp_path):
+    """max_new_tokens 4 on eagle_default: a cycle may accept 5 drafts (6 tokens) where the turn keeps 4."""
+    row = {"question_id": 81, "category": "writing", "choices": [
+        {"turns": ["t"], "new_tokens": [4], "idxs": [1], "wall_time": [1.0], "accept_lengths": [6]}]}
+    (tmp_path / "a.jsonl").write_text(json.dumps(row) + "\n")
+    assert bench.read_rows(tmp_path / "a.jsonl")[0]["question_id"] == 81
