@@ -154,8 +154,6 @@ def _answer_fault(row) -> str | None:
     most = max(choice["new_tokens"], default=0)
     if most > MAX_TURN_TOKENS:
         return f"choices[0].new_tokens holds {most}, more than a turn can generate ({MAX_TURN_TOKENS})"
-    if sum(choice["wall_time"]) <= 0 < sum(choice["new_tokens"]):  # (a coarse timer may give one short turn 0 s)
-        return "choices[0].wall_time is 0 s in all for turns that generated tokens"
     longest = max((n for turn in turn_lengths(choice) for n in turn), default=0)
     if longest > max(most, MAX_CYCLE_TOKENS):  # (a cycle's path may run past a turn's token budget: not refused)
         return f"choices[0].accept_lengths holds {longest}, more than a cycle can accept"

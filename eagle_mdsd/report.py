@@ -219,6 +219,17 @@ def summarise(answer_file: Path) -> dict[str, dict]:
     return {name: _totals(group) for name, group in _by_category(bench.read_rows(answer_file)).items()}
 
 
+def _over_baseline(group: list[dict], base_rows: dict) -> dict:
+    """A category's speedups over the baseline's answers to the same questions (nan where it answered none)."""
+    shared = [r for r in group if r["question_id"] in base_rows]
+    if not shared:
+        return {"speedup": math.nan, "baseline_tokens_per_s": math.nan, "mean_question_speedup": math.nan}
+    mine, theirs = _totals(shared), _totals([base_rows[r["question_id"]] for r in shared])
+    return {"speedup": _ratio(mine["tokens_per_s"], theirs["tokens_per_s"]),
+            "baseline_tokens_per_s": theirs["tokens_per_s"],
+            "mean_question_speedup": _ratio(mine["mean_question_tokens_per_s"], theirs["mean_question_tokens_per_s"])}
+
+
 def _ratio(mine: float, theirs: float) -> float:
     """mine / theirs; nan (shown as '-') where the baseline's rate is 0 (answers of 0 tokens) or nan."""
     return mine / theirs if theirs > 0 else math.nan
@@ -250,17 +261,8 @@ def compare(answer_files: list[Path], baseline: Path | None = None, labels: list
         if base_rows and not any(r["question_id"] in base_rows for r in rows):
             raise UsageError(f"baseline {baseline} answers none of the questions of {path}: give a baseline "
                              f"answered on the same questions")
-        categories = {}
-        for name, group in _by_category(rows).items():
-            totals = _totals(group)
-            if base_rows:
-                shared = [r for r in group if r["question_id"] in base_rows]
-                mine, theirs = _totals(shared), _totals([base_rows[r["question_id"]] for r in shared])
-                totals["speedup"] = _ratio(mine["tokens_per_s"], theirs["tokens_per_s"]) if shared else math.nan
-                totals["baseline_tokens_per_s"] = theirs["tokens_per_s"] if shared else math.nan
-                totals["mean_question_speedup"] = (_ratio(mine["mean_question_tokens_per_s"],
-                                                          theirs["mean_question_tokens_per_s"]) if shared else math.nan)
-            categories[name] = totals
+        categories = {name: _totals(group) | (_over_baseline(group, base_rows) if base_rows else {})
+                      for name, group in _by_category(rows).items()}
         label = labels[i] if labels else rows[0].get("model_id") or Path(path).stem
         entries.append({"label": label, "file": str(path), "categories": categories,
                         "question_tokens_per_s": question_rates(rows)} | ({"across": notes} if notes else {}))

@@ -48,7 +48,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from eagle_mdsd import benchmarks, engine, head, models, outputs, peers, validate
 from eagle_mdsd.benchmark import plans
 from eagle_mdsd.cli.options import count, output_folder
-from eagle_mdsd.errors import check_temperature
+from eagle_mdsd.errors import UsageError, check_temperature
 
 SHAPES = {
     "smollm2": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
@@ -242,11 +242,12 @@ def main(argv=None) -> None:
         for temperature in temperatures:
             check_temperature(temperature, "each of --temperatures")
         plans.benchmark_setups(args.trees, "topk", "topk", tuple(plans.SAMPLING_PAIR.split("/")), device=args.device)
+    except ValueError as error:  # (UsageError is a ValueError; float() names the text it could not read)
+        parser.error(str(error) if isinstance(error, UsageError) else f"--temperatures {args.temperatures}: {error}")
+    try:
         taus = measured_tau(args.tau_from)
-    except (ValueError, KeyError, TypeError, AttributeError) as error:  # (UsageError is a ValueError)
-        what = f"--tau-from {args.tau_from} is no benchmark result JSON ({error!r})" if isinstance(
-            error, (KeyError, TypeError, AttributeError)) else str(error)
-        parser.error(what)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        parser.error(f"--tau-from {args.tau_from} is no benchmark result JSON ({error!r})")
     stamp = datetime.now()
     out = Path(args.out or Path("runs/gpu_cycle") / f"{stamp:%Y-%m-%d}_{socket.gethostname()}_{stamp:%H%M%S}")
     page = out / f"gpu_cycle_{args.shape}.md"

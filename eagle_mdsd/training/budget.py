@@ -43,9 +43,11 @@ class Budget:
 
 
 def free_memory(device: torch.device) -> int | None:
-    """Bytes free on the device: CUDA's count, or on a CPU the kernel's MemAvailable (Linux); None elsewhere."""
+    """Bytes free on the device: CUDA's free memory and what torch holds there unused, or on a CPU the kernel's
+    MemAvailable (Linux); None elsewhere."""
     if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
+        return torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device) - \
+            torch.cuda.memory_allocated(device)
     try:
         lines = Path("/proc/meminfo").read_text().splitlines()
     except OSError:
@@ -53,18 +55,32 @@ def free_memory(device: torch.device) -> int | None:
     return next((int(line.split()[1]) * 1024 for line in lines if line.startswith("MemAvailable:")), None)
 
 
+def cache_bytes_per_token(target) -> int | None:
+    """Bytes a token adds to the KV cache (every layer's keys and values in the target's dtype), for the models
+    where the config says it: every layer attends in full and the config names its key/value heads.  None for
+    others (sliding windows and hybrid layers keep less; other names for the heads), which are not checked."""
+    config = target.config.get_text_config()
+    if getattr(config, "sliding_window", None) or any(kind != "full_attention" for kind in
+                                                      getattr(config, "layer_types", None) or ()):
+        return None
+    kv_heads = getattr(config, "num_key_value_heads", None)
+    if kv_heads is None:
+        return None
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return 2 * config.num_hidden_layers * kv_heads * head_dim * target.dtype.itemsize
+
+
 def check_batch_memory(target, batch_size: int, tokens: int, batch: int | None = None) -> None:
     """One-line error unless a batch of `batch` sequences (--batch-size `batch_size` where None) of `tokens` fits:
-    its KV cache (every layer's keys and values in the target's dtype) against the memory free on the target's
-    device."""
+    its KV cache against the memory free on the target's device.  A model spread over devices, or one whose
+    cache the config does not size, is not checked."""
     batch = batch_size if batch is None else batch
-    config = target.config.get_text_config()
-    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    per_sequence = 2 * config.num_hidden_layers * kv_heads * head_dim * target.dtype.itemsize * tokens
-    free = free_memory(target.device)
-    if free is None or batch * per_sequence <= free:
+    per_token = cache_bytes_per_token(target)
+    spread = len(set(getattr(target, "hf_device_map", {}).values())) > 1
+    free = None if per_token is None or spread else free_memory(target.device)
+    if free is None or batch * tokens * per_token <= free:
         return
+    per_sequence = tokens * per_token
     fits = free // per_sequence
     fix = f"use --batch-size {fits} or less" if fits else "lower --max-new-tokens"
     raise UsageError(f"--batch-size {batch_size}: a batch of {batch} sequences of up to {tokens} tokens needs "

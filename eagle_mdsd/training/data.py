@@ -131,8 +131,6 @@ def make_data(out_dir: Path, prompt_paths, recipe: DataRecipe = DataRecipe(), ba
     data_dir = Path(out_dir) / "data"
     prompts = _recorded_prompts(data_dir, prompts, prompt_paths, recipe, dtype)
     target, tokenizer = models.load_target(base_model, models.parse_dtype(dtype), device)
-    check_batch_memory(target, recipe.batch_size, recipe.max_prompt_tokens + recipe.max_new_tokens,
-                       batch=min(recipe.batch_size, recipe.shard_size, len(prompts)))  # (a batch: a shard's prompts)
     shards = []
     started, answers, answer_tokens = time.monotonic(), 0, 0
     with tqdm(range(0, len(prompts), recipe.shard_size), desc="data shards") as bar:  # (closed on an error too)
@@ -196,6 +194,8 @@ def _shard_samples(target, tokenizer, chunk: list[dict], recipe: DataRecipe, see
     samples, answers = [], []
     for batch_start, encoded in _shard_batches(chunk, tokenizer, recipe):
         prompt_ids, batch = [ids for ids, _ in encoded], [item for _, item in encoded]
+        check_batch_memory(target, recipe.batch_size, max(map(len, prompt_ids)) + recipe.max_new_tokens,
+                           batch=len(prompt_ids))  # (left-padded to its longest prompt)
         with torch.inference_mode():
             responses = _generate(target, prompt_ids, recipe.max_new_tokens, pad_id, recipe.temperature,
                                   seed=seed + batch_start, eos=eos)
