@@ -142,8 +142,18 @@ MAX_TURN_TOKENS = 1 << 24  # far above any context a model has
 MAX_CYCLE_TOKENS = 1 << 16  # far above a path through the largest tree (1,024 nodes) with its lookup graft
 
 
+def _spec_bench_steps(row) -> None:
+    """Spec-Bench names a turn's cycles `decoding_steps` where EAGLE and this project write `idxs`: its files read
+    as ours (the key is added beside its own)."""
+    choices = row.get("choices") if isinstance(row, dict) else None
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict) and "idxs" not in choices[0] \
+            and "decoding_steps" in choices[0]:
+        choices[0]["idxs"] = choices[0]["decoding_steps"]
+
+
 def _answer_fault(row) -> str | None:
     """What keeps `row` from being an answer record the reports can read (None when it is one)."""
+    _spec_bench_steps(row)
     fault = validate.record_fault(row, ROW_SCHEMA) or validate.record_fault(row["choices"][0], CHOICE_SCHEMA,
                                                                              "choices[0].")
     if fault:

@@ -930,3 +930,13 @@ def test_a_cycle_whose_path_ran_past_the_token_budget_is_a_valid_answer(tmp_path
         {"turns": ["t"], "new_tokens": [4], "idxs": [1], "wall_time": [1.0], "accept_lengths": [6]}]}
     (tmp_path / "a.jsonl").write_text(json.dumps(row) + "\n")
     assert bench.read_rows(tmp_path / "a.jsonl")[0]["question_id"] == 81
+
+
+def test_spec_bench_answer_files_read_as_ours(tmp_path):
+    """Spec-Bench writes a turn's cycles as `decoding_steps` (EAGLE and this project: `idxs`)."""
+    row = {"question_id": 81, "category": "writing", "choices": [
+        {"index": 0, "turns": ["a", "b"], "decoding_steps": [3, 2], "new_tokens": [6, 4], "wall_time": [1.0, 1.0],
+         "accept_lengths": [2, 2, 2, 2, 2]}]}
+    (tmp_path / "spec_bench.jsonl").write_text(json.dumps(row) + "\n")
+    total = report.compare([tmp_path / "spec_bench.jsonl"])[0]["categories"]["all"]
+    assert total["tau"] == 2.0 and total["tokens_per_s"] == 5.0
