@@ -153,7 +153,6 @@ def _spec_bench_steps(row) -> None:
 
 def _answer_fault(row) -> str | None:
     """What keeps `row` from being an answer record the reports can read (None when it is one)."""
-    _spec_bench_steps(row)
     fault = validate.record_fault(row, ROW_SCHEMA) or validate.record_fault(row["choices"][0], CHOICE_SCHEMA,
                                                                              "choices[0].")
     if fault:
@@ -178,6 +177,7 @@ def read_rows(answer_file: Path) -> list[dict]:
     rows = jsonl.decode(numbered, f"answer file {answer_file}", "delete that line, and a rerun writes its record again")
     seen = {}
     for (number, _), row in zip(numbered, rows):
+        _spec_bench_steps(row)
         fault = _answer_fault(row)
         if fault:
             raise UsageError(f"answer file {answer_file}, line {number} is not an answer record ({fault}): "

@@ -237,13 +237,16 @@ def main(argv=None) -> None:
     if args.tau_from is not None and not args.tau_from.is_file():
         parser.error(f"--tau-from {args.tau_from} is no file: give a benchmark's result JSON")
     try:
-        models.check_device(args.device)
         temperatures = [float(t) for t in args.temperatures.split(",")]
+    except ValueError as error:  # (float() names the text it could not read)
+        parser.error(f"--temperatures {args.temperatures}: {error}")
+    try:  # each names its option
+        models.check_device(args.device)
         for temperature in temperatures:
             check_temperature(temperature, "each of --temperatures")
         plans.benchmark_setups(args.trees, "topk", "topk", tuple(plans.SAMPLING_PAIR.split("/")), device=args.device)
-    except ValueError as error:  # (UsageError is a ValueError; float() names the text it could not read)
-        parser.error(str(error) if isinstance(error, UsageError) else f"--temperatures {args.temperatures}: {error}")
+    except UsageError as error:
+        parser.error(str(error))
     try:
         taus = measured_tau(args.tau_from)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:

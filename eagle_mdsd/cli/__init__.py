@@ -72,9 +72,10 @@ def main(argv=None) -> int:
         print(f"eagle-mdsd: error: {error}", file=sys.stderr)
         return 2
     except (MemoryError, RuntimeError) as error:
-        if errors.out_of_memory(error) is None:
+        line = errors.out_of_memory(error)
+        if line is None:
             raise
-        print(f"eagle-mdsd: error: {errors.out_of_memory(error)}", file=sys.stderr)
+        print(f"eagle-mdsd: error: {line}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as stop:  # Ctrl-C: one line (errors.Interrupted says what was kept), no traceback
         print(f"eagle-mdsd: interrupted: {errors.interrupted_message(stop, args.command)}", file=sys.stderr)
