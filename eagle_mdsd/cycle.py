@@ -126,6 +126,7 @@ class Cycle:
     def __init__(self, decoder, topology, target_cache, head_cache, method: str):
         self.decoder, self.method = decoder, method
         self.temperature = 0.0  # the call's, set by start(); graphs are kept per temperature
+        self.pending = 1  # eagerly, the pending pairs' count (from the last result; under graphs always self.pairs)
         self.generator = generator(decoder.device, decoder.graphs)
         self.target_cache, self.head_cache = target_cache, head_cache
         self.device, self.dtype = decoder.device, decoder.target.dtype
@@ -195,12 +196,16 @@ class Cycle:
         """The tree's tokens (and, grown or grafted, its layout) from the state the last verify left."""
         state, span = self.states[parity], self.head_cache.span
         model, tree = self.decoder.draft_model, self.tree
-        # pending pair j at head slot length - count + j, position one further; padded rows write garbage past the
-        # committed entries that the tree's entries then overwrite, and no real row sees them
-        slots = state.length - state.count + self.rows[: self.pairs]
+        # pending pair j at head slot length - count + j, position one further.  Under graphs every cycle pads
+        # them to the most a cycle commits (one shape): padded rows write garbage past the committed entries that
+        # the tree's entries then overwrite, and no real row sees them.  Eagerly the head runs on the pending pairs
+        # alone (a CPU pays for every row): the host has their count from the last result (receive)
+        pending = self.pending if self.exact else self.pairs
+        slots = state.length - state.count + self.rows[:pending]
         self.head_cache.slots = slots
         mask = additive_mask(self.columns[:span][None] <= slots[:, None], self.dtype)
-        root_prediction = model.forward(self.head_cache, state.features, state.tokens, slots + 1, mask)
+        root_prediction = model.forward(self.head_cache, state.features[:pending], state.tokens[:pending], slots + 1,
+                                        mask)
         root_prediction = root_prediction.index_select(0, state.count - 1)
         tree.tokens[:1] = state.root
         if self.grown:
@@ -401,7 +406,7 @@ class Cycle:
     def start(self, prompt: torch.Tensor, root: torch.Tensor, feature: torch.Tensor, temperature: float) -> None:
         """After the prefill (and the head's catch-up on the prompt's pairs but the last): the last pair pends;
         the first cycle has parity 0."""
-        self.temperature = temperature
+        self.temperature, self.pending = temperature, 1
         state, length = self.states[0], len(prompt)
         state.length.fill_(length)
         state.root.copy_(root)
@@ -439,4 +444,5 @@ class Cycle:
         children) of the cycle of that parity."""
         values = self.transfer.receive(parity)
         accepted, levels = values[0], self.levels
+        self.pending = accepted + 1  # the next cycle's pending pairs (eagerly, that cycle is launched after this)
         return accepted, values[1 : accepted + 2], values[2 + levels : 2 + levels + accepted], bool(values[-1])
