@@ -140,6 +140,7 @@ CHOICE_SCHEMA = {
 ANSWER_LISTS = ("turns", "new_tokens", "idxs", "wall_time")  # one entry per turn in choices[0]
 MAX_TURN_TOKENS = 1 << 24  # far above any context a model has
 MAX_CYCLE_TOKENS = 1 << 16  # far above a path through the largest tree (1,024 nodes) with its lookup graft
+MAX_TURN_SECONDS = 1e7  # 116 days: a longer turn is a damaged record, whose tokens/s would read as 0
 
 
 def _spec_bench_steps(row) -> None:
@@ -163,6 +164,9 @@ def _answer_fault(row) -> str | None:
     most = max(choice["new_tokens"], default=0)
     if most > MAX_TURN_TOKENS:
         return f"choices[0].new_tokens holds {most}, more than a turn can generate ({MAX_TURN_TOKENS})"
+    slowest = max(choice["wall_time"], default=0.0)
+    if slowest > MAX_TURN_SECONDS:
+        return f"choices[0].wall_time holds {slowest:g} s, more than a turn can take ({MAX_TURN_SECONDS:g} s)"
     longest = max((n for turn in turn_lengths(choice) for n in turn), default=0)
     if longest > max(most, MAX_CYCLE_TOKENS):  # (a cycle's path may run past a turn's token budget: not refused)
         return f"choices[0].accept_lengths holds {longest}, more than a cycle can accept"

@@ -211,6 +211,8 @@ CASES = {
                                   "--out", tmp / "r"],
     "answer-accepted": lambda tmp: ["report", _jsonl(tmp / "a.jsonl", [_row(81, accept_lengths=[10**9])]),
                                     "--out", tmp / "r"],
+    "answer-seconds": lambda tmp: ["report", _jsonl(tmp / "a.jsonl", [_row(81, wall_time=(1e308,))]),
+                                   "--out", tmp / "r"],
     "report-disjoint": lambda tmp: ["report", _jsonl(tmp / "a.jsonl", [_row(81)]), "--baseline",
                                     _jsonl(tmp / "b.jsonl", [_row(1081)]), "--out", tmp / "r"],
     "bench-core-out": lambda tmp: ["bench-core", "--max-drafts", "2", "--out",
