@@ -286,8 +286,10 @@ class Cycle:
         tree, state, following_state = self.tree, self.states[parity], self.states[1 - parity]
         if self.topology is None:
             tree.tokens[:1] = state.root
-        cache, span = self.target_cache, self.target_cache.span
-        count = self._scored()
+        cache, count = self.target_cache, self._scored()
+        if self.exact:  # the committed entries and the scored rows, not the most a cycle may write
+            cache.span = cache.length + count
+        span = cache.span
         cache.slots = state.length + self.rows[:count]
         # eagerly the plain step attends as `generate`'s does: no mask, the model's own kernel choice
         mask = None if self.exact and self.nodes == 0 else self._mask(state.length, tree.ancestors[:count], span)
