@@ -267,7 +267,8 @@ class Cycle:
             return model.distribution(carried["outputs"], self.temperature)[0]
 
         q_root, ids = model.distribution(root_prediction, self.temperature)
-        grown = dynamic.grow(spec, q_root, ids, expand, self.decoder.scheme, self.generator, eager=self.exact)
+        grown = dynamic.grow(spec, q_root, ids, expand, self.decoder.scheme, self.generator, eager=self.exact,
+                             keep_q=self.temperature > 0)
         _, tokens, parent, depth, valid, row = dynamic.select(grown, self.drafted)
         self.tree.tokens[1 : self.drafted + 1] = tokens
         self.drafts[: self.drafted + 1] = row >= 0

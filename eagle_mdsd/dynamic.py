@@ -140,12 +140,12 @@ class Grown:
     score: torch.Tensor   # [C] float32 sum of log q along the path; -inf: never kept (a repeated draft, or grown
                           # after OPT-Tree's stop)
     row: torch.Tensor     # [C] the candidate's expanded row, -1 where it was not expanded
-    q: torch.Tensor       # [E, D] each expanded row's q, row 0 the root's
-    drafts: torch.Tensor  # [E, k] each expanded row's whole draft tuple, as drawn
+    q: torch.Tensor       # [E, D] each expanded row's q, row 0 the root's (E = 0 where grow's keep_q is False)
+    drafts: torch.Tensor  # [E, k] each expanded row's whole draft tuple, as drawn (E = 0 likewise)
 
 
 def grow(spec: DynamicTree, q_root: torch.Tensor, ids, expand, scheme="topk", generator=None,
-         eager: bool = False) -> Grown:
+         eager: bool = False, keep_q: bool = True) -> Grown:
     """Grow the candidates by tensor ops of fixed shapes.  Each depth expands the best top_k candidates of the
     last (ties: the lower number, so a parent ranks before its children) into top_k children drawn by the scheme.
     OPT-Tree stops once a depth's best candidates carry less expected length than the threshold: the depths after
@@ -153,17 +153,19 @@ def grow(spec: DynamicTree, q_root: torch.Tensor, ids, expand, scheme="topk", ge
 
     q_root: [1, D] the root's q over the columns `ids` (None: the whole vocabulary); expand(depth, tokens [k],
     parents [k] or None) -> q [k, D] of the frontier's children, where parents are the rows of the last frontier
-    each frontier candidate descends from (None at depth 1: the root's children)."""
+    each frontier candidate descends from (None at depth 1: the root's children).  keep_q False: Grown.q and
+    Grown.drafts stay empty (at T = 0 no verifier reads them)."""
     k, device = spec.top_k, q_root.device
-    count, rows = candidates(spec), 1 + (spec.max_depth - 1) * k
+    count, kept = candidates(spec), 1 + (spec.max_depth - 1) * k if keep_q else 0  # kept: expanded rows' q
     long = dict(dtype=torch.long, device=device)
     token, parent = torch.zeros(count, **long), torch.full((count,), -1, **long)
     depth, row = torch.ones(count, **long), torch.full((count,), -1, **long)
     score = torch.full((count,), -math.inf, device=device)
-    q_rows, draft_rows = torch.zeros(rows, q_root.shape[-1], device=device), torch.zeros(rows, k, **long)
+    q_rows, draft_rows = torch.zeros(kept, q_root.shape[-1], device=device), torch.zeros(kept, k, **long)
     drafts, logs = draw_children(q_root, k, scheme, generator, ids)
     token[:k], score[:k] = drafts[0], logs[0]
-    q_rows[:1], draft_rows[:1] = q_root, drafts
+    if keep_q:
+        q_rows[:1], draft_rows[:1] = q_root, drafts
     frontier, parents = torch.sort(score[:k], descending=True, stable=True).indices, None
     going, stops = torch.ones((), dtype=torch.bool, device=device), spec.name == "opt_tree"
     own = torch.arange(k, device=device)
@@ -175,7 +177,8 @@ def grow(spec: DynamicTree, q_root: torch.Tensor, ids, expand, scheme="topk", ge
         q = expand(level, token.index_select(0, frontier), parents)
         drafts, logs = draw_children(q, k, scheme, generator, ids)
         first, start = 1 + (level - 1) * k, k + (level - 1) * k * k
-        q_rows[first : first + k], draft_rows[first : first + k] = q, drafts
+        if keep_q:
+            q_rows[first : first + k], draft_rows[first : first + k] = q, drafts
         scores = score.index_select(0, frontier)[:, None] + logs
         expanded = first + own
         if stops:
