@@ -135,7 +135,7 @@ def test_a_gpu_grows_eagle2s_own_trees_and_a_cpu_its_measured_ones():
     assert tree_specs.load("eagle2+lookup", "cpu").base == tree_specs.load("eagle2", "cpu")
 
 
-def _grown(seed: int, spec: dynamic.DynamicTree, vocab: int = 6, eager: bool = False):
+def _grown(seed: int, spec: dynamic.DynamicTree, vocab: int = 6, eager: bool = False, keep_q: bool = True):
     """Candidates grown from random q's (the expand callback stands in for the head)."""
     gen = torch.Generator().manual_seed(seed)
 
@@ -143,7 +143,7 @@ def _grown(seed: int, spec: dynamic.DynamicTree, vocab: int = 6, eager: bool = F
         return torch.softmax(3 * torch.randn(rows, vocab, generator=gen, dtype=torch.float64), -1)
 
     return dynamic.grow(spec, random_q(1), None, lambda depth, frontier, parents: random_q(len(frontier)),
-                        eager=eager)
+                        eager=eager, keep_q=keep_q)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -177,6 +177,16 @@ def test_opt_tree_stops_growing_below_the_threshold():
     assert deepest(deep) == 6 and deepest(shallow) < 6
     skipped = grown(0.99, eager=True)  # the depths after the stop not grown at all: the same candidates kept
     assert torch.equal(skipped.score, shallow.score) and torch.equal(skipped.row, shallow.row)
+
+
+@pytest.mark.parametrize("name", ["eagle2", "opt_tree"])
+def test_a_growth_that_keeps_no_q_grows_the_same_candidates(name):
+    # At T = 0 the cycle keeps no q for the verifier (keep_q=False): the candidates are the same, the q left empty.
+    spec = dynamic.make(name, 8, 4, 2, threshold=0.5 if name == "opt_tree" else 0.0)
+    kept, bare = _grown(3, spec), _grown(3, spec, keep_q=False)
+    for field in ("token", "parent", "depth", "score", "row"):
+        assert torch.equal(getattr(kept, field), getattr(bare, field)), field
+    assert len(kept.q) == 7 and len(bare.q) == 0 and len(bare.drafts) == 0
 
 
 def _all_trees(n: int, levels: int):
