@@ -125,8 +125,8 @@ class Cycle:
 
     def __init__(self, decoder, topology, target_cache, head_cache, method: str):
         self.decoder, self.method = decoder, method
-        self.temperature = 0.0  # the call's, set by start(); graphs are kept per temperature
-        self.pending = 1  # eagerly, the pending pairs' count (from the last result; under graphs always self.pairs)
+        # set by start(): the call's temperature (graphs are kept per temperature); eagerly, the pending pairs' count
+        self.temperature, self.pending = 0.0, 1
         self.generator = generator(decoder.device, decoder.graphs)
         self.target_cache, self.head_cache = target_cache, head_cache
         self.device, self.dtype = decoder.device, decoder.target.dtype
@@ -135,12 +135,8 @@ class Cycle:
         base = None if self.topology is None else getattr(topology, "base", topology)
         self.grafted = 0 if self.topology is None else topology.grafted
         self.grown = base is not None and not base.static
-        if base is None:
-            self.drafted, levels = 0, 0
-        elif self.grown:
-            self.drafted, levels = min(base.nodes, dynamic.candidates(base)), base.max_depth
-        else:
-            self.drafted, levels = base.size, base.max_depth
+        self.drafted = 0 if base is None else min(base.nodes, dynamic.candidates(base)) if self.grown else base.size
+        levels = 0 if base is None else base.max_depth
         self.nodes, self.levels = self.drafted + self.grafted, levels + self.grafted
         self.pairs = self.levels + 1  # a cycle commits at most the deepest path and the bonus
         width = decoder.hidden_size * (1 if decoder.feature_layers is None else 1 + len(decoder.feature_layers))
@@ -196,17 +192,14 @@ class Cycle:
         """The tree's tokens (and, grown or grafted, its layout) from the state the last verify left."""
         state, span = self.states[parity], self.head_cache.span
         model, tree = self.decoder.draft_model, self.tree
-        # pending pair j at head slot length - count + j, position one further.  Under graphs every cycle pads
-        # them to the most a cycle commits (one shape): padded rows write garbage past the committed entries that
-        # the tree's entries then overwrite, and no real row sees them.  Eagerly the head runs on the pending pairs
-        # alone (a CPU pays for every row): the host has their count from the last result (receive)
+        # pending pair j at head slot length - count + j, position one further.  Under graphs they are padded to
+        # the most a cycle commits (one shape; padded rows write garbage that the tree's entries overwrite, and no
+        # real row sees it); eagerly the head reads them alone, their count the host's from the last result
         pending = self.pending if self.exact else self.pairs
-        slots = state.length - state.count + self.rows[:pending]
-        self.head_cache.slots = slots
+        slots = self.head_cache.slots = state.length - state.count + self.rows[:pending]
         mask = additive_mask(self.columns[:span][None] <= slots[:, None], self.dtype)
         root_prediction = model.forward(self.head_cache, state.features[:pending], state.tokens[:pending], slots + 1,
-                                        mask)
-        root_prediction = root_prediction.index_select(0, state.count - 1)
+                                        mask).index_select(0, state.count - 1)
         tree.tokens[:1] = state.root
         if self.grown:
             parent, depth, valid = self._grow(state, root_prediction, span)
@@ -288,9 +281,8 @@ class Cycle:
         if self.topology is None:
             tree.tokens[:1] = state.root
         cache, count = self.target_cache, self._scored()
-        if self.exact:  # the committed entries and the scored rows, not the most a cycle may write
-            cache.span = cache.length + count
-        span = cache.span
+        # eagerly the committed entries and the scored rows alone, not the most a cycle may write
+        span = cache.span = cache.length + count if self.exact else cache.span
         cache.slots = state.length + self.rows[:count]
         # eagerly the plain step attends as `generate`'s does: no mask, the model's own kernel choice
         mask = None if self.exact and self.nodes == 0 else self._mask(state.length, tree.ancestors[:count], span)
