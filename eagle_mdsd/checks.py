@@ -14,12 +14,40 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from . import benchmarks, engine, head, jsonl, models, peers, questions, tree_specs
+from . import benchmarks, engine, head, jsonl, models, peers, questions, tree_specs, validate
+from .errors import UsageError
 
 BASELINE = "baseline"  # the engine's plain decoding, in place of a tree: where a difference enters
 ALL_TREES = (BASELINE, "eagle_default", "binary_depth4", "quad_depth3", "chain4", "chain6", "eagle2", "opt_tree",
              "eagle_default+lookup", peers.COMPILED)
 NOT_TREES = (BASELINE, peers.COMPILED)  # rows that decode without a tree
+
+
+# A row of the results file, field by field: what a rerun reuses and the summary reads.
+ROW_SCHEMA = {
+    "max_new_tokens": validate.Field(validate.is_count, "a whole number of 0 or more"),
+    "head": validate.Field(validate.is_text, "a text"),
+    "dtype": validate.Field(validate.is_text, "a text"),
+    "question_id": validate.Field(validate.is_int, "a whole number"),
+    "tree": validate.Field(validate.is_text, "a text"),
+    "identical": validate.Field(lambda v: isinstance(v, bool), "true or false"),
+    "tokens": validate.Field(validate.is_count, "a whole number of 0 or more"),
+    "first_difference": validate.Field(validate.is_count, "a whole number of 0 or more", nullable=True),
+    "tau": validate.Field(validate.is_seconds, "a finite number of 0 or more"),
+}
+
+
+def read_rows(rows_file: Path) -> list[dict]:
+    """The finished rows of a results file (none if it does not exist); a line that is not a row (an edited or
+    damaged file) is a one-line error naming it."""
+    numbered = jsonl.lines(rows_file)
+    advice = "delete that line, and a rerun writes its row again"
+    rows = jsonl.decode(numbered, f"check-greedy file {rows_file}", advice)
+    for (number, _), row in zip(numbered, rows):
+        fault = validate.record_fault(row, ROW_SCHEMA)
+        if fault:
+            raise UsageError(f"check-greedy file {rows_file}, line {number} is not a check row ({fault}): {advice}")
+    return rows
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
@@ -41,7 +69,7 @@ def greedy_equivalence(rows_file: Path, question_count: int = 5, max_new_tokens:
     torch_dtypes = {dtype: models.parse_dtype(dtype) for dtype in dtypes}
     done, made = {}, {"max_new_tokens": max_new_tokens, "head": head_spec}  # rows of other settings: not reused
     jsonl.drop_cut_short_line(rows_file)
-    for row in jsonl.records(rows_file):
+    for row in read_rows(rows_file):
         if all(row.get(key) == value for key, value in made.items()):
             done[(row["dtype"], row["question_id"], row["tree"])] = row
     chosen = questions.load("mt_bench")[:question_count]

@@ -20,7 +20,7 @@ import torch
 from . import cycle as cycle_module
 from . import drafters, drafting, graphs, kernels, models, verification
 from .cache import KVCache
-from .errors import UsageError, check_temperature
+from .errors import UsageError, check_context, check_temperature
 from .head import checked_draft_vocab
 
 
@@ -241,12 +241,7 @@ def _check_call(decoder: Decoder, prompt: int, max_new_tokens: int, temperature:
         raise UsageError(f"unknown method {method!r}: use eagle or baseline")
     if method == "eagle" and (decoder.head is None or decoder.tree is None):
         raise UsageError("method eagle needs a draft head and a tree")
-    tree_depth = decoder.tree.max_depth if method == "eagle" else 0
-    context = getattr(decoder.target.config, "max_position_embeddings", None)
-    if context is not None and prompt + max_new_tokens + tree_depth > context:
-        raise UsageError(f"prompt ({prompt} tokens) + max_new_tokens ({max_new_tokens}) + tree depth "
-                         f"({tree_depth}) exceed the model's context of {context} tokens: shorten the prompt "
-                         f"or lower max_new_tokens")
+    check_context(decoder.target, prompt, max_new_tokens, decoder.tree.max_depth if method == "eagle" else 0)
 
 
 def _emit(result: GenerationResult, emitted: list[int], eos: set) -> bool:

@@ -56,6 +56,16 @@ def check_temperature(temperature: float, name: str = "temperature") -> None:
                          f"{MIN_TEMPERATURE:g}")
 
 
+def check_context(target, prompt: int, max_new_tokens: int, tree_depth: int = 0) -> None:
+    """One-line error unless a prompt of `prompt` tokens, `max_new_tokens` and a tree's depth fit the target's
+    context (where its config states one): past it, a model answers garbage or runs without end."""
+    context = getattr(target.config, "max_position_embeddings", None)
+    if context is not None and prompt + max_new_tokens + tree_depth > context:
+        raise UsageError(f"prompt ({prompt} tokens) + max_new_tokens ({max_new_tokens}) + tree depth "
+                         f"({tree_depth}) exceed the model's context of {context} tokens: shorten the prompt "
+                         f"or lower max_new_tokens")
+
+
 RESUMABLE = ("bench", "check-greedy", "study", "train-head")  # commands that keep whole records and continue
 
 

@@ -21,7 +21,7 @@ import transformers
 from transformers import CompileConfig, GenerationConfig, StoppingCriteria
 
 from .engine import GenerationResult
-from .errors import UsageError, check_temperature, compiler_failure
+from .errors import UsageError, check_context, check_temperature, compiler_failure
 
 COMPILED = "hf_compiled"
 METHODS = ("hf_generate", COMPILED, "prompt_lookup")
@@ -89,6 +89,7 @@ class TransformersPeer:
                              f"prompt_lookup ({COMPILED} answers through CompiledPeer)")
         check_temperature(temperature)
         prompt = self.prompt_tensor(prompt_ids)
+        check_context(self.target, prompt.shape[1], max_new_tokens)
         config = self.generation_config(max_new_tokens, temperature, method)
         now = clock(prompt.device)
 
@@ -197,6 +198,7 @@ class CompiledPeer(TransformersPeer):
             raise ValueError(f"CompiledPeer answers {COMPILED} only, not {method!r}")
         check_temperature(temperature)
         prompt = self.prompt_tensor(prompt_ids)
+        check_context(self.target, prompt.shape[1], max_new_tokens)
         if prompt.shape[1] + max_new_tokens > self.prepared_tokens:  # compile and allocate before the clock
             self.prepare(prompt.shape[1] + max_new_tokens)
         config = self.config(max_new_tokens, temperature)

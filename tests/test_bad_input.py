@@ -203,6 +203,10 @@ CASES = {
     "question-json": lambda tmp: ["bench", "--bench", (tmp / "q.jsonl").write_text("{cut\n") and tmp / "q.jsonl"],
     "question-folder": lambda tmp: ["bench", "--bench", (tmp / "d.jsonl").mkdir() or tmp / "d.jsonl"],
     "question-range": lambda tmp: ["bench", "--question-begin", "5", "--question-end", "2"],
+    "question-negative": lambda tmp: ["bench", "--question-begin", "-1"],
+    "check-rows": lambda tmp: ["check-greedy", "--trees", "chain2", "--dtypes", "float32", "--questions", "1", "--out",
+                               _jsonl(tmp / f"greedy_check_{datetime.date.today()}.jsonl", [[1, 2]]).parent],
+    "check-trees-twice": lambda tmp: ["check-greedy", "--trees", "chain2", "chain2", "--out", tmp],
     "answer-field": lambda tmp: ["report", _jsonl(tmp / "a.jsonl", [_row(81, wall_time=("1.0",))]),
                                  "--out", tmp / "r"],
     "answer-lengths": lambda tmp: ["report", _jsonl(tmp / "a.jsonl", [_row(81, new_tokens=[4, 4])]),
@@ -283,12 +287,17 @@ def test_a_base_model_whose_config_is_broken_names_the_file(tiny_chat, tmp_path,
     assert str(broken / "config.json") in line
 
 
-@covers("head-fit", "context")
-def test_what_needs_the_model_is_one_line_too(tiny_chat, head_folder, capsys):
+@covers("head-fit", "context", "context-peer")
+def test_what_needs_the_model_is_one_line_too(tiny_chat, head_folder, tmp_path, capsys):
     one_line_error(["generate", "--prompt", "w1", "--base-model", tiny_chat, "--ea-model", head_folder], capsys,
                    "head-fit")
     one_line_error(["generate", "--prompt", "w1", "--base-model", tiny_chat, "--ea-model", "random",
                     "--max-new-tokens", "1000"], capsys, "context")
+    for method in ("hf_generate", "prompt_lookup"):  # transformers' generate answered garbage past the context
+        one_line_error(["generate", "--prompt", "w1", "--base-model", tiny_chat, "--method", method,
+                        "--max-new-tokens", "1000"], capsys, "context-peer")
+    one_line_error(["check-greedy", "--base-model", tiny_chat, "--trees", "baseline", "--dtypes", "float32",
+                    "--questions", "1", "--max-new-tokens", "100000", "--out", tmp_path], capsys, "context-peer")
 
 
 @covers("ctrl-c-generate")

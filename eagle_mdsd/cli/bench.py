@@ -14,8 +14,8 @@ def add_parser(sub) -> None:
     parser.add_argument("--bench", default="mt_bench",
                         help="mt_bench, spec_bench, a category, or a .jsonl file of questions ('turns' or 'prompt' "
                              "records)")
-    parser.add_argument("--question-begin", type=int, default=None)
-    parser.add_argument("--question-end", type=int, default=None)
+    parser.add_argument("--question-begin", type=options.count(0), default=None)
+    parser.add_argument("--question-end", type=options.count(0), default=None)
     parser.add_argument("--turns", type=options.count(0), default=None,
                         help="answer only the first N turns (default or 0: all)")
     parser.add_argument("--model-id", default=None, help="the answers' model_id (default: MODEL-METHOD)")

@@ -6,6 +6,7 @@ import datetime
 from pathlib import Path
 
 from .. import checks, graphs, outputs, tree_specs, validate
+from ..errors import UsageError
 from . import options
 
 
@@ -30,6 +31,9 @@ def add_parser(sub) -> None:
 def run(args) -> None:
     from .. import head, models
 
+    repeated = sorted({name for name in args.trees if args.trees.count(name) > 1})
+    if repeated:
+        raise UsageError(f"--trees names {', '.join(repeated)} more than once: name each tree once")
     for name in args.trees:  # a bad tree name before any model loads
         if name not in checks.NOT_TREES:
             tree_specs.load(name)
