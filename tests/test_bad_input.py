@@ -196,6 +196,7 @@ CASES = {
                                   "--verifier", "greedy"],
     "acceptance-pq": lambda tmp: ["acceptance", "--p", "[0.5, 0.5]", "--q", "x"],
     "acceptance-range": lambda tmp: ["acceptance", "--p", "[1e308, 1e308]", "--q", "[0.5, 0.5]"],
+    "acceptance-subnormal": lambda tmp: ["acceptance", "--p", "[1e-320, 1]", "--q", "[1, 1e-320]"],
     "question-id": lambda tmp: ["bench", "--bench", _question_file(tmp, [{"question_id": [1], "turns": ["A?"]}])],
     "question-category": lambda tmp: ["bench", "--bench", _question_file(tmp, [{"category": {"a": 1},
                                                                                  "turns": ["A?"]}])],

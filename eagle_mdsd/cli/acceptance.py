@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 
 from .. import drafting, theory, verification
 from ..errors import UsageError
@@ -31,6 +32,10 @@ def distribution(text: str, what: str) -> list[float]:
     values = [float(v) for v in values]
     if not all(math.isfinite(v) and 0 <= v <= 1 for v in values):  # (also keeps fsum from overflowing)
         raise UsageError(f"--{what} must hold probabilities between 0 and 1, got {text}")
+    tiny = next((v for v in values if 0 < v < sys.float_info.min), None)
+    if tiny is not None:  # a ratio over a subnormal overflows: every rate would read 0
+        raise UsageError(f"--{what} entry {tiny:g} is below the smallest normal float ({sys.float_info.min:.3g}): "
+                         "round it to 0")
     total = math.fsum(values)
     if abs(total - 1) > 1e-6:  # a typo in one entry would otherwise be normalised away unseen
         raise UsageError(f"--{what} sums to {total:g}, not 1: give probabilities that add up to 1")
