@@ -54,10 +54,14 @@ def load(spec: str, device="cpu", **overrides):
         raise UsageError(f"{name} does not take {_flags(unused)} (it takes {_flags(values)}): drop "
                          f"{'it' if len(unused) == 1 else 'them'}")
     values.update(given)
+    seen = set()
     for item in filter(None, options.split(",")):
         key, _, raw = item.partition("=")
         if key not in values:
             raise UsageError(f"tree {spec!r}: unknown option {key!r}; {name} takes {', '.join(values)}")
+        if key in seen:  # (the last one won, unsaid)
+            raise UsageError(f"tree {spec!r}: option {key} given twice: give it once")
+        seen.add(key)
         try:
             values[key] = type(values[key])(raw)
         except ValueError:

@@ -205,6 +205,7 @@ CASES = {
     "question-folder": lambda tmp: ["bench", "--bench", (tmp / "d.jsonl").mkdir() or tmp / "d.jsonl"],
     "question-range": lambda tmp: ["bench", "--question-begin", "5", "--question-end", "2"],
     "question-negative": lambda tmp: ["bench", "--question-begin", "-1"],
+    "tree-option-twice": lambda tmp: ["generate", "--prompt", "hi", "--tree", "eagle2:depth=2,depth=3"],
     "check-rows": lambda tmp: ["check-greedy", "--trees", "chain2", "--dtypes", "float32", "--questions", "1", "--out",
                                _jsonl(tmp / f"greedy_check_{datetime.date.today()}.jsonl", [[1, 2]]).parent],
     "check-trees-twice": lambda tmp: ["check-greedy", "--trees", "chain2", "chain2", "--out", tmp],
