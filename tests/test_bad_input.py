@@ -317,7 +317,7 @@ def _bench(tiny_chat, answers, *options):
             "2", "--answer-file", answers, *options]
 
 
-@covers("answer-settings", "row-settings")
+@covers("answer-settings", "row-settings", "answer-questions")
 def test_an_answer_file_takes_rows_of_its_own_settings_only(tiny_chat, tmp_path, capsys):
     answers = tmp_path / "a.jsonl"
     assert run(_bench(tiny_chat, answers), capsys)[0] == 0
@@ -333,6 +333,9 @@ def test_an_answer_file_takes_rows_of_its_own_settings_only(tiny_chat, tmp_path,
     assert answers.read_bytes() == before
     assert run(_bench(tiny_chat, answers, "--question-end", "2"), capsys)[0] == 0  # the same settings append
     assert [r["question_id"] for r in bench.read_rows(answers)] == [81, 82]
+    mine = _jsonl(tmp_path / "q.jsonl", [{"question_id": 81, "category": "mine", "turns": ["Name a color."]}])
+    line = one_line_error(_bench(tiny_chat, answers, "--bench", mine), capsys, "answer-questions")
+    assert 'questions null -> "q.jsonl"' in line and bench.read_rows(answers)[0]["category"] == "writing"
 
 
 def _tiny_benchmark(monkeypatch, tiny_chat):

@@ -36,6 +36,8 @@ def row_settings(args):
     # where and how the timings were made, where not the defaults (rows of older files record none of these)
     context |= {key: value for key, value, default in (("device", args.device, "cpu"), ("kernels", args.kernels,
                 "auto"), ("cuda_graphs", args.cuda_graphs, "auto")) if value != default}
+    if args.bench.endswith(".jsonl"):  # its ids may be MT-Bench's for other questions (shipped benches record none)
+        context["questions"] = Path(args.bench).name
     if args.method == "eagle":
         spec = args.ea_model or models.DEFAULT_HEAD
         context |= {"tree": plans.tree_label(runners.topology(args)), "drafter": args.scheme,
