@@ -177,20 +177,15 @@ def read_rows(answer_file: Path) -> list[dict]:
     """The finished questions of an answer file (none if it does not exist; a line cut short is not one, see
     jsonl.py); a line that is not an answer record (an edited or foreign file), or a question answered twice, is
     a one-line error naming it."""
-    numbered = jsonl.lines(answer_file)  # read once: the records and their line numbers
-    rows = jsonl.decode(numbered, f"answer file {answer_file}", "delete that line, and a rerun writes its record again")
+    numbered = jsonl.checked(answer_file, f"answer file {answer_file}", "an answer record", _answer_fault,
+                             "delete that line, and `eagle-mdsd bench` answers its question again", _spec_bench_steps)
     seen = {}
-    for (number, _), row in zip(numbered, rows):
-        _spec_bench_steps(row)
-        fault = _answer_fault(row)
-        if fault:
-            raise UsageError(f"answer file {answer_file}, line {number} is not an answer record ({fault}): "
-                             f"delete that line, and `eagle-mdsd bench` answers its question again")
+    for number, row in numbered:
         if row["question_id"] in seen:
             raise UsageError(f"answer file {answer_file} answers question {row['question_id']} twice (lines "
                              f"{seen[row['question_id']]} and {number}): delete one of them")
         seen[row["question_id"]] = number
-    return rows
+    return [row for _, row in numbered]
 
 
 def settings_difference(made: dict, wanted: dict) -> str:

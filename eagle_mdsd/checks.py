@@ -15,7 +15,6 @@ from pathlib import Path
 from tqdm import tqdm
 
 from . import benchmarks, engine, head, jsonl, models, peers, questions, tree_specs, validate
-from .errors import UsageError
 
 BASELINE = "baseline"  # the engine's plain decoding, in place of a tree: where a difference enters
 ALL_TREES = (BASELINE, "eagle_default", "binary_depth4", "quad_depth3", "chain4", "chain6", "eagle2", "opt_tree",
@@ -40,14 +39,9 @@ ROW_SCHEMA = {
 def read_rows(rows_file: Path) -> list[dict]:
     """The finished rows of a results file (none if it does not exist); a line that is not a row (an edited or
     damaged file) is a one-line error naming it."""
-    numbered = jsonl.lines(rows_file)
-    advice = "delete that line, and a rerun writes its row again"
-    rows = jsonl.decode(numbered, f"check-greedy file {rows_file}", advice)
-    for (number, _), row in zip(numbered, rows):
-        fault = validate.record_fault(row, ROW_SCHEMA)
-        if fault:
-            raise UsageError(f"check-greedy file {rows_file}, line {number} is not a check row ({fault}): {advice}")
-    return rows
+    return [row for _, row in jsonl.checked(rows_file, f"check-greedy file {rows_file}", "a check row",
+                                            lambda row: validate.record_fault(row, ROW_SCHEMA),
+                                            "delete that line, and a rerun writes its row again")]
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:

@@ -40,6 +40,21 @@ def decode(numbered_lines, name: str, advice: str) -> list:
     return values
 
 
+def checked(path: Path, name: str, kind: str, fault, advice: str, prepare=None) -> list[tuple[int, object]]:
+    """(line number, record) of each finished line; a line that is not JSON, or whose fault(record) names a problem
+    (None: none), is a one-line error naming `name` and the line as not `kind`, then `advice`.  prepare(record)
+    runs first on each (a foreign format's keys read as ours)."""
+    numbered = lines(path)
+    values = decode(numbered, name, advice)
+    for (number, _), value in zip(numbered, values):
+        if prepare is not None:
+            prepare(value)
+        problem = fault(value)
+        if problem:
+            raise UsageError(f"{name}, line {number} is not {kind} ({problem}): {advice}")
+    return [(number, value) for (number, _), value in zip(numbered, values)]
+
+
 def records(path: Path) -> list:
     """The JSON value of each finished line; a line that is not JSON is a one-line error naming it."""
     return decode(lines(path), str(path), "delete that line, and a rerun writes its record again")
