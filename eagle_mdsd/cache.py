@@ -8,7 +8,9 @@ is not committed.  Both are set by the caller before the forward: eagerly the sp
 committed length plus the forward's rows), so attention costs what a growing cache's does; under CUDA
 graphs it is a bucket that the graph's key names, so one graph serves every length inside it.
 `length` is the caller's bookkeeping of the committed entries (transformers reads it as the number of
-entries seen, which sizes its own causal mask where the caller passes none: the prefill).  A forward whose
+entries seen, which sizes its own causal mask where the caller passes none: the prefill); the cycle sets it
+to a bound on the committed length before each phase (exact eagerly; under graphs, where the true length
+lives on the device, an upper bound), and nothing inside a phase reads it.  A forward whose
 slots nobody set appends after `length` and moves it on (a model called directly, as tests and the lab do).
 """
 

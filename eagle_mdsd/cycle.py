@@ -22,8 +22,12 @@ needs no input from the host but the span its attention reads (cache.py): exact 
 CUDA graphs (graphs.py), which capture each phase once per parity, temperature and bucket.  The state is
 kept twice: a cycle reads one copy and writes the other, so no function writes what it reads and running one
 twice (a CUDA graph's warm-up does) gives the same result.  The host copies one small result tensor a cycle
-(accepted count, tokens, child ranks) and checks the token budget and EOS on it; under graphs, where the
-budget cannot end the call, the next cycle is queued before the host waits for that copy.
+(accepted count, tokens, child ranks, whether the last node has children) and checks the token budget and
+EOS on it; under graphs, where the budget cannot end the call, the next cycle is queued before the host
+waits for that copy.  Eagerly (`eager`: no graphs) a CPU pays for every row, so the cycle takes host
+shortcuts that leave its tokens as they are: the pending count from the last result, the rows up to the last
+valid node (`_scored`), OPT-Tree's stop and a graft's descent stopped by host checks, and at T > 0 the walk on
+the host (`_walk`), computing only the visited nodes' outputs from the same draws.
 """
 
 from __future__ import annotations
@@ -50,10 +54,10 @@ class State:
 
 
 class TreeBuffers:
-    """The tree the verify phase scores [N+1 nodes, the root first]: tokens, the layout, each node's rank among
-    its siblings and whether it has children (the child ranks sequoia.py reads), whether a walk may enter it,
-    its one-point draft (a lookup token, else -1) and, grown, its expanded row (else -1).  Constant for a
-    static tree; written by the draft phase for a grown or grafted one."""
+    """The tree the verify phase scores [N+1 nodes, the root first]: tokens, the layout (`deepest`: which accepted
+    node ends a T = 0 path), each node's rank among its siblings (`sibling`) and whether it has children (the child
+    ranks sequoia.py reads), whether a walk may enter it, its one-point draft (a lookup token, else -1) and, grown,
+    its expanded row (else -1).  Constant for a static tree; written by the draft phase for a grown or grafted one."""
 
     def __init__(self, nodes: int, levels: int, device):
         count, long = nodes + 1, dict(dtype=torch.long, device=device)
@@ -62,7 +66,7 @@ class TreeBuffers:
         self.parent = torch.zeros(count, **long)
         self.ancestors = torch.eye(count, dtype=torch.bool, device=device)
         self.paths = torch.zeros(count, levels + 1, **long)
-        self.rank = torch.zeros(count, **long)
+        self.deepest = torch.zeros(count, **long)
         self.sibling = torch.zeros(count, **long)
         self.internal = torch.zeros(count, dtype=torch.bool, device=device)
         self.valid = torch.ones(count, dtype=torch.bool, device=device)
@@ -86,7 +90,7 @@ class TreeBuffers:
         # paths[n, j]: the ancestor at depth j, then the node itself past its depth
         up = (depth[:, None] - torch.arange(levels + 1, device=parent.device)[None]).clamp_min(0)
         self.paths.copy_(chain.gather(1, up))
-        self.rank.copy_(depth * count - nodes)  # deeper first, then the lower number
+        self.deepest.copy_(depth * count - nodes)  # deeper first, then the lower number
         same = (parent[None] == parent[:, None]) & (nodes[None] < nodes[:, None]) & (nodes[None] > 0)
         self.sibling.copy_(same.sum(-1))  # each node's number among its siblings, in node order
         child = (parent[None] == nodes[:, None]) & (nodes[None] > 0) & valid[None]  # [node, its valid child]
@@ -130,7 +134,7 @@ class Cycle:
         self.generator = generator(decoder.device, decoder.graphs)
         self.target_cache, self.head_cache = target_cache, head_cache
         self.device, self.dtype = decoder.device, decoder.target.dtype
-        self.exact = decoder.graphs is None  # eager: exact spans, the plain step as `generate` runs it
+        self.eager = decoder.graphs is None  # exact spans, the plain step as `generate` runs it, host shortcuts
         self.topology = topology if method == "eagle" else None
         base = None if self.topology is None else getattr(topology, "base", topology)
         self.grafted = 0 if self.topology is None else topology.grafted
@@ -147,9 +151,9 @@ class Cycle:
         self.rows = torch.arange(max(self.nodes, self.pairs) + 1, device=self.device)
         self.columns = torch.arange(target_cache.capacity, device=self.device)
         self.reach = max(self.nodes + 1, self.pairs)  # most entries past the length a cycle writes
-        self.drafts = torch.zeros(self.nodes + 1, dtype=torch.bool, device=self.device)  # nodes with head drafts
+        self.has_drafts = torch.zeros(self.nodes + 1, dtype=torch.bool, device=self.device)  # nodes with head drafts
         if base is not None:
-            self.spec = base
+            self.base = base
             if self.grown:
                 self.reach = max(self.reach, (base.max_depth - 1) * base.top_k)
                 expanded = 1 + (base.max_depth - 1) * base.top_k
@@ -166,7 +170,7 @@ class Cycle:
         self.q_internal = torch.zeros(self.plan.internal, self.decoder.draft_model.width, device=self.device)
         self.base_parent = torch.tensor([0, *tree.parent[1:]], device=self.device)
         self.base_depth = torch.tensor(tree.depth, device=self.device)
-        self.drafts[: tree.size + 1] = torch.tensor([bool(kids) for kids in tree.children], device=self.device)
+        self.has_drafts[: tree.size + 1] = torch.tensor([bool(kids) for kids in tree.children], device=self.device)
         self.tree.lay_out(*self._padded(self.base_parent, self.base_depth, self.base_depth >= 0))
 
     def _padded(self, parent, depth, valid) -> tuple:
@@ -195,7 +199,7 @@ class Cycle:
         # pending pair j at head slot length - count + j, position one further.  Under graphs they are padded to
         # the most a cycle commits (one shape; padded rows write garbage that the tree's entries overwrite, and no
         # real row sees it); eagerly the head reads them alone, their count the host's from the last result
-        pending = self.pending if self.exact else self.pairs
+        pending = self.pending if self.eager else self.pairs
         slots = self.head_cache.slots = state.length - state.count + self.rows[:pending]
         mask = additive_mask(self.columns[:span][None] <= slots[:, None], self.dtype)
         root_prediction = model.forward(self.head_cache, state.features[:pending], state.tokens[:pending], slots + 1,
@@ -209,7 +213,7 @@ class Cycle:
         if self.grafted:
             proposal, count = lookup.propose(self.context, state.length + 1, self.grafted)
             parent, depth, tokens, valid, point = lookup.graft(parent, depth, tree.tokens[: self.drafted + 1],
-                                                               valid, proposal, count, eager=self.exact)
+                                                               valid, proposal, count, eager=self.eager)
             tree.tokens.copy_(tokens)
             tree.point.copy_(point)
         if self.grown or self.grafted:
@@ -241,7 +245,7 @@ class Cycle:
     def _grow(self, state: State, root_prediction, span: int) -> tuple:
         """A dynamic tree (dynamic.grow, dynamic.select) whose expansions run the head: each depth's frontier
         attends to its ancestors among the expanded candidates.  Returns (parent, depth, valid)."""
-        spec, model = self.spec, self.decoder.draft_model
+        spec, model = self.base, self.decoder.draft_model
         k = spec.top_k
         own = torch.arange(k, device=self.device)
         carried = {"inputs": root_prediction.expand(k, -1),
@@ -260,11 +264,11 @@ class Cycle:
             return model.distribution(carried["outputs"], self.temperature)[0]
 
         q_root, ids = model.distribution(root_prediction, self.temperature)
-        grown = dynamic.grow(spec, q_root, ids, expand, self.decoder.scheme, self.generator, eager=self.exact,
+        grown = dynamic.grow(spec, q_root, ids, expand, self.decoder.scheme, self.generator, eager=self.eager,
                              keep_q=self.temperature > 0)
         _, tokens, parent, depth, valid, row = dynamic.select(grown, self.drafted)
         self.tree.tokens[1 : self.drafted + 1] = tokens
-        self.drafts[: self.drafted + 1] = row >= 0
+        self.has_drafts[: self.drafted + 1] = row >= 0
         self.tree.row[: self.drafted + 1] = row
         if self.temperature > 0:  # into buffers of their own, which the verify phase's graph reads
             self.grown_q.copy_(grown.q)
@@ -282,17 +286,17 @@ class Cycle:
             tree.tokens[:1] = state.root
         cache, count = self.target_cache, self._scored()
         # eagerly the committed entries and the scored rows alone, not the most a cycle may write
-        span = cache.span = cache.length + count if self.exact else cache.span
+        span = cache.span = cache.length + count if self.eager else cache.span
         cache.slots = state.length + self.rows[:count]
         # eagerly the plain step attends as `generate`'s does: no mask, the model's own kernel choice
-        mask = None if self.exact and self.nodes == 0 else self._mask(state.length, tree.ancestors[:count], span)
+        mask = None if self.eager and self.nodes == 0 else self._mask(state.length, tree.ancestors[:count], span)
         features = self.decoder.target_forward(cache, tree.tokens[:count], state.length + tree.depth[:count], mask)
         logits = self.decoder.logits(features)  # [count, V]
         if self.temperature == 0:
             argmax = logits.max(-1).indices  # the first maximal index, as argmax; several times faster on bf16
             missed = (tree.tokens[:count] != argmax.index_select(0, tree.parent[:count])) | ~tree.valid[:count]
             reached = ~(tree.ancestors[:count, 1:count] & missed[None, 1:]).any(-1)
-            best = torch.where(reached, tree.rank[:count], -1).argmax().reshape(1)
+            best = torch.where(reached, tree.deepest[:count], -1).argmax().reshape(1)
             path, accepted, bonus = tree.paths.index_select(0, best)[0], tree.depth.index_select(0, best), \
                 argmax.index_select(0, best)
         else:
@@ -320,7 +324,7 @@ class Cycle:
         """How many of the tree's rows [root, nodes] the target scores: all under graphs (one shape); eagerly up to
         the last valid node (one host read), so that a graft's unfilled slots and a grown tree's unused ones cost
         a CPU nothing.  A node's parent precedes it, so the scored rows hold every valid node's ancestors."""
-        if not self.exact or not (self.grafted or self.grown):
+        if not self.eager or not (self.grafted or self.grown):
             return self.nodes + 1
         return int(self.tree.valid.nonzero()[-1]) + 1
 
@@ -331,7 +335,7 @@ class Cycle:
         walk visits few).  The uniforms make both give the same tokens, seed for seed."""
         # every node's pair, scored or not: the same draws eagerly as under graphs, seed for seed
         uniform = torch.rand((2, self.nodes + 1, 1), generator=self.generator, dtype=torch.float64, device=self.device)
-        if self.exact and self.topology is not None:
+        if self.eager and self.topology is not None:
             return self._walk(logits, uniform)
         p = drafting.warp(logits, self.temperature)
         y = drafting.pick(p, uniform[0])[:, 0]
@@ -340,7 +344,7 @@ class Cycle:
         if self.grafted:
             p = drafting.without_token(p, self.tree.point)
         verified = self._verified(p, uniform[1], self.rows[: self.nodes + 1])
-        outputs = node_outputs(p, y, self.tree.point, verified, self.drafts)
+        outputs = node_outputs(p, y, self.tree.point, verified, self.has_drafts)
         path, accepted = sampled_walk(self.tree.parent, self.tree.valid, outputs, self.tree.tokens, self.levels)
         return path, accepted, outputs.index_select(0, path[-1:])
 
@@ -373,7 +377,7 @@ class Cycle:
         output, each output (its p, its draw, its verifier's draw) computed when the walk reaches its node."""
         tree = self.tree
         parent, valid, tokens, point, drafted = (values.tolist() for values in (
-            tree.parent, tree.valid, tree.tokens, tree.point, self.drafts))
+            tree.parent, tree.valid, tree.tokens, tree.point, self.has_drafts))
         children = [[] for _ in parent]
         for node in range(1, len(parent)):
             if valid[node]:

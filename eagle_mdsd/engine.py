@@ -1,9 +1,9 @@
-"""The decoding loop's driver: start a call, prefill, run cycles (cycle.py), read their results, stop on EOS or
-the token budget.
+"""The decoding loop's driver: start a call, prefill, run cycles (cycle.py) and read their results to EOS or budget.
 
 The cycle itself (draft a tree with the EAGLE head, score it in one target forward, verify, commit) lives in
 cycle.py and runs the same on every device: eagerly on a CPU, under CUDA graphs on a GPU.  Everything a call
-changes lives in its `Call` and its cycle's device state; a Decoder holds the models.
+changes lives in its `Call` and its cycle's device state; a Decoder holds the models, the cache pair of its
+longest call and a cycle per method over it (kept, so that captured graphs replay), which each call borrows.
 
 Tokens per cycle = accepted drafts + 1; tau = new tokens / cycles, where cycles counts target verification
 forwards (the prefill excluded) and new tokens include the one sampled from the prefill.

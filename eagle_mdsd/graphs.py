@@ -1,11 +1,12 @@
-"""CUDA graphs of the decoder's fixed-shape calls: the target's tree forward and plain step, the head's steps.
+"""CUDA graphs of the decoding cycle's two phases (cycle.py: draft, verify).
 
-A call of k rows into a static-shape cache (cache.py: new entries written at slots given as a tensor,
-attention over the whole capacity with a mask) has the same shapes every cycle, so it is captured once
-and replayed: one launch instead of the hundreds of ops of a forward issued from Python.  A graph
-reads its inputs from buffers of its own (the call's values are copied in before each replay) and
-writes into the same output tensors every time; the graphs share one memory pool, so a caller uses
-(or copies) a graph's outputs before the next replay of any graph.  What a function keeps beyond its call
+A phase reads and writes only device tensors made before its capture (the cycle's state, tree buffers and
+caches; cache.py: new entries written at slots given as a tensor, attention over a span with a mask), so
+under one key - (phase, cycle, parity, temperature, span bucket) - it has the same shapes every cycle and is
+captured once and replayed: one launch instead of the thousands of ops of a cycle issued from Python.  A phase
+takes no inputs (a graph's inputs are copied into buffers of its own before each replay) and a graph
+writes into the same output tensors every time; the graphs share one memory pool, so a caller uses (or
+copies) a graph's outputs before the next replay of any graph.  What a function keeps beyond its call
 (caches, state between cycles) it writes into tensors made before its warm-up: the warm-up's allocations
 belong to a side stream, the capture's to the pool.  Graphs are captured and replayed with their device
 current, which need not be the process's.
@@ -65,7 +66,7 @@ def compiled(module):
 
 
 class Graphs:
-    """One captured graph per key (the caller's: which function, its row count and its cache)."""
+    """One captured graph per key (the caller's: the cycle's is its phase, cycle, parity, temperature and span)."""
 
     refusals: tuple = (RuntimeError,)  # what a capture raises when CUDA does not allow what the function does
 

@@ -6,8 +6,9 @@ two tokens (else of its last token), as transformers' prompt lookup does, and
 propose the up to N (default 10) tokens that followed it.  The proposal joins
 the drafted tree as a trie: it walks down the drafted children while its
 tokens agree with theirs and hangs the rest below as a chain, so no token is
-checked twice.  At T = 0 the walk takes the target's argmax at every node and
-goes on while a child holds it: any tree reproduces greedy decoding that way.
+checked twice.  At T = 0 a node is accepted when its token is its parent's
+argmax and its ancestors are accepted, and the deepest such node ends the path:
+any tree reproduces greedy decoding that way.
 
 At T > 0 a lookup draft is a draft whose distribution is one point (q = 1 on
 the token): at a node on the lookup branch the engine first samples y from p
@@ -23,8 +24,9 @@ the deeper one, less often (docs/benchmarks.md).
 On the device (cycle.py) the context lives in a buffer, the n-gram search is a
 comparison over it, and the proposal fills node slots reserved after the
 drafted tree; the slots it does not need are marked not valid, so no walk
-enters them.  Every node's one-point draft is a token or -1, and the rule
-above is a `torch.where` over draws made up front (cycle.node_outputs).
+enters them.  Every node's one-point draft is a token or -1; the rule above is
+a `torch.where` over draws made up front under graphs (cycle.node_outputs),
+and the eager walk applies it at the nodes it visits (cycle.Cycle._walk).
 """
 
 from __future__ import annotations

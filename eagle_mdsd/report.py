@@ -31,6 +31,7 @@ from pathlib import Path
 from . import bench, outputs
 from .errors import UsageError
 
+# the cycle's timed phases (engine.PhaseTimer), then those of answers timed before the one cycle, in their order
 PHASES = ("draft", "target", "verify", "commit")
 MAX_DEPTH = 8  # columns of the acceptance-by-depth table
 
@@ -396,11 +397,12 @@ def _phase_table(entries: list[dict]) -> list[str]:
     profiled = [e for e in entries if "ms_per_cycle" in e["categories"]["all"]]
     if not profiled:
         return []
+    timed = [entry["categories"]["all"]["ms_per_cycle"] for entry in profiled]
+    shown = [phase for phase in PHASES if any(phase in ms for ms in timed)]  # the phases some file timed
     lines = ["", "Where a cycle's time goes (ms per target cycle):", "",
-             "| method | " + " | ".join(PHASES) + " | sum |", "|---|" + "---|" * (len(PHASES) + 1)]
-    for entry in profiled:
-        ms = entry["categories"]["all"]["ms_per_cycle"]
-        lines.append(f"| {entry['label']} | " + " | ".join(f"{ms[p]:.1f}" if p in ms else "-" for p in PHASES)
+             "| method | " + " | ".join(shown) + " | sum |", "|---|" + "---|" * (len(shown) + 1)]
+    for entry, ms in zip(profiled, timed):
+        lines.append(f"| {entry['label']} | " + " | ".join(f"{ms[p]:.1f}" if p in ms else "-" for p in shown)
                      + f" | {sum(ms.values()):.1f} |")
     return lines
 

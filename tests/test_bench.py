@@ -283,6 +283,10 @@ def test_profiled_answers_keep_a_file_of_their_own_and_their_own_cycles(tmp_path
     # ms a cycle over the profiled answer's 5 cycles, not over every row's 10 (answers of older files mix)
     assert report._totals([_fake_row(1, "x", [10], [1.0], [5]), timed])["ms_per_cycle"] == \
         pytest.approx({"draft": 20.0, "verify": 10.0})
+    # the table shows the phases the cycle times, not the columns of answers timed before the one cycle
+    entry = {"label": "eagle", "categories": {"all": {"ms_per_cycle": {"draft": 20.0, "verify": 10.0}}}}
+    assert report._phase_table([entry])[3:] == ["| method | draft | verify | sum |", "|---|---|---|---|",
+                                               "| eagle | 20.0 | 10.0 | 30.0 |"]
 
 
 def test_where_and_how_bench_timed_its_answers_is_recorded_where_not_the_defaults():
