@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import pickle
 import zipfile
 from pathlib import Path
@@ -55,6 +56,12 @@ def llama_config(values: dict, spec: str, **extra):
         if name in values and not (is_int(values[name]) and values[name] > 0):
             raise UsageError(f"draft head {spec}: config.json's {name} must be a whole number above 0, not "
                              f"{json.dumps(values[name])[:40]}: use the config.json that came with the head")
+    nested = values.get("rope_parameters") if isinstance(values.get("rope_parameters"), dict) else {}
+    theta = values.get("rope_theta", nested.get("rope_theta"))  # a position's rotation: 0 or less scrambles them
+    number = isinstance(theta, (int, float)) and not isinstance(theta, bool)
+    if theta is not None and not (number and 0 < theta < math.inf):
+        raise UsageError(f"draft head {spec}: config.json's rope_theta must be a number above 0, not "
+                         f"{json.dumps(theta)[:40]}: use the config.json that came with the head")
     try:
         return LlamaConfig(**values, **extra)
     except Exception as error:  # transformers' strict validation raises its own classes besides TypeError
@@ -82,9 +89,31 @@ def head_folder(spec: str) -> Path:
 
 
 def read_weights(folder: Path) -> dict:
-    """The state dict of a head folder: model.safetensors, else pytorch_model.bin; a file that cannot be read
+    """The state dict of a head folder: model.safetensors, else pytorch_model.bin; a file that cannot be read,
+    or a float tensor with a NaN or infinite entry (a q of NaN is no distribution: no verifier is exact on it),
     is a one-line error naming it."""
-    return load(weights_file(folder, "draft head"))
+    file = weights_file(folder, "draft head")
+    state = load(file)
+    broken = next((key for key, value in state.items() if isinstance(value, torch.Tensor)
+                   and value.is_floating_point() and not bool(torch.isfinite(value).all())), None)
+    if broken is not None:
+        raise UsageError(f"weights file {file}: {broken} holds NaN or infinite entries (a damaged checkpoint, or a "
+                         f"training run that diverged): use another head, or train it again")
+    return state
+
+
+def meta_shapes(build, spec: str) -> dict:
+    """{key: shape} of the module `build()` makes on the meta device (no memory; rotary buffers left out); a
+    config transformers cannot make a layer of (an unknown activation or rope type, no key/value heads) is a
+    one-line error."""
+    try:
+        with torch.device("meta"):
+            module = build()
+    except (KeyError, ValueError, TypeError, ZeroDivisionError, AttributeError) as error:
+        raise UsageError(f"draft head {spec}: transformers cannot make a decoder layer of its config.json "
+                         f"({type(error).__name__}: {str(error)[:60]}): use the config.json that came with the "
+                         f"head") from None
+    return {key: tuple(value.shape) for key, value in module.state_dict().items() if "rotary_emb" not in key}
 
 
 def write_weights(state: dict, folder: Path, safetensors: bool) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .checkpoint import head_config_for, llama_config, write_weights
+from .checkpoint import head_config_for, llama_config, meta_shapes, write_weights
 from .errors import UsageError
 from .models import cache_keyword
 
@@ -145,9 +145,7 @@ def expected_layout(raw: dict, source: str) -> tuple[dict, dict]:
     config alone (a head built on the meta device), keys without the 'model.' prefix some releases carry."""
     config = config_for(raw, source)
     target_hidden = int(raw.get("target_hidden_size") or config.hidden_size)
-    with torch.device("meta"):
-        shapes = {key: tuple(value.shape) for key, value in Eagle3Head(config, target_hidden, 4).state_dict().items()
-                  if "rotary_emb" not in key}
+    shapes = meta_shapes(lambda: Eagle3Head(config, target_hidden, 4), source)
     optional = {name: shapes.pop(name) for name in ("d2t", "t2d")} | {"embed_tokens.weight": None}
     return shapes, optional
 

@@ -28,8 +28,8 @@ import torch
 from torch import nn
 
 from . import eagle3, validate
-from .checkpoint import (check, head_config_for, head_folder, layout, llama_config, read_weights, weights_file,
-                         write_weights)
+from .checkpoint import (check, head_config_for, head_folder, layout, llama_config, meta_shapes, read_weights,
+                         weights_file, write_weights)
 from .errors import UsageError, read_json
 from .models import cache_keyword
 
@@ -125,9 +125,7 @@ def inspect(spec) -> tuple[Path, dict, bool]:
             raise UsageError(f"weights file {weights} lacks {last}* for the num_hidden_layers "
                              f"{config.num_hidden_layers} of its config.json: use the config.json that came with "
                              f"these weights")
-        with torch.device("meta"):
-            shapes = {key: tuple(value.shape) for key, value in EagleHead(config, bias=bias).state_dict().items()
-                      if "rotary_emb" not in key}
+        shapes = meta_shapes(lambda: EagleHead(config, bias=bias), str(spec))
         embedding = (config.vocab_size, config.hidden_size)
         check(found, shapes, weights, {"embed_tokens.weight": embedding})
     _draft_vocab(folder, spec, raw.get("vocab_size"))

@@ -150,6 +150,10 @@ HEAD_CASES = {
     "head-config-value": lambda f: (f / "config.json").write_text(json.dumps(
         json.loads((f / "config.json").read_text()) | {"hidden_size": "32"})),
     "head-draft-vocab": lambda f: (f / "draft_vocab.json").write_text(json.dumps({"token_ids": "1,2"})),
+    "head-config-layer": lambda f: (f / "config.json").write_text(json.dumps(
+        json.loads((f / "config.json").read_text()) | {"hidden_act": "nope"})),
+    "head-rope": lambda f: (f / "config.json").write_text(json.dumps(
+        json.loads((f / "config.json").read_text()) | {"rope_theta": -5})),
 }
 
 
@@ -302,6 +306,18 @@ def test_what_needs_the_model_is_one_line_too(tiny_chat, head_folder, tmp_path, 
                     "--questions", "1", "--max-new-tokens", "100000", "--out", tmp_path], capsys, "context-peer")
 
 
+@covers("head-not-finite")
+def test_a_head_with_nan_weights_is_refused(tiny_chat, tmp_path, capsys):
+    from transformers import LlamaForCausalLM
+
+    folder = head.save_head(head.random_head(LlamaForCausalLM.from_pretrained(tiny_chat)), tmp_path / "head",
+                            safetensors=True)
+    _rewrite_weights(lambda state: state["fc.weight"].mul_(float("nan")))(folder)
+    line = one_line_error(["generate", "--prompt", "w1", "--base-model", tiny_chat, "--ea-model", folder], capsys,
+                          "head-not-finite")
+    assert "fc.weight" in line
+
+
 @covers("ctrl-c-generate")
 def test_ctrl_c_in_generate_is_one_line(monkeypatch, capsys):
     def interrupted(*args, **kwargs):
@@ -396,7 +412,7 @@ def test_a_resumed_run_describes_its_table_and_fresh_runs_never_overwrite(monkey
     assert str(tmp_path / "answers" / "s" / "settings.json") in line
 
 
-@covers("resume-kind")
+@covers("resume-kind", "resume-not-run")
 def test_a_run_resumes_only_under_the_command_that_made_it(monkeypatch, tmp_path, capsys):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
@@ -413,6 +429,10 @@ def test_a_run_resumes_only_under_the_command_that_made_it(monkeypatch, tmp_path
     (tmp_path / "answers" / "b").mkdir()
     (tmp_path / "answers" / "b" / "settings.json").write_text(json.dumps({"kind": "benchmark"}))
     assert "is a benchmark run, not a sweep run" in one_line_error([*sweep, "--resume", "b"], capsys)
+    (tmp_path / "plain").mkdir()  # a folder no run made: it was run into, its page beside it, exit 0
+    for command in (sweep, _benchmark(tmp_path)):
+        one_line_error([*command, "--resume", tmp_path / "plain"], capsys, "resume-not-run")
+    assert not any((tmp_path / "plain").iterdir())
 
 
 @covers("baseline-page")

@@ -21,14 +21,17 @@ UNCHECKED = ("kind", "machine")  # what settings.json records beside how answers
 def open_run_folder(folder: Path, pages: list[Path], new_run: bool, kind: str) -> None:
     """Before the model loads: a fresh run (`new_run`) makes `folder` in one step, records that command `kind`
     (one of KINDS) made it, and refuses `pages` that exist (a page is never overwritten, a folder never shared); a
-    resumed one reads its settings.json, so that a broken record, or a run of the other kind, is a one-line error
-    now.  A record without a kind, written before runs named theirs, resumes under either."""
+    resumed one reads its settings.json, so that a broken record, a run of the other kind, or a folder without one
+    (no run made it), is a one-line error now.  A record without a kind, written before runs named theirs, resumes under either."""
     name = Path(folder).name
     record = Path(folder) / "settings.json"
     if new_run:
         outputs.refuse_existing(pages, "page", "pass another --name, or another --out")
         outputs.new_run_folder(Path(folder), f"pass another --name, or --resume {name} to continue it")
         _write_settings(folder, {"kind": kind})
+    elif Path(folder).exists() and not record.exists():  # a fresh run records its kind at once: this was never one
+        raise UsageError(f"--resume {folder}: that folder holds no {kind} run (it has no settings.json): give the "
+                         f"folder of a run this command made, or --name NAME for a fresh one")
     elif record.exists():
         made = read_settings(record).get("kind", kind)
         if made != kind:

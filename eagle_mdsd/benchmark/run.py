@@ -69,8 +69,9 @@ def answer_and_report(out: Path, answers: Path, plan: BenchmarkPlan = BenchmarkP
     index, count = process
     progress = {} if progress is None else progress
     run = lay_out(out, answers, plan)
-    records.open_run_folder(run.folder, pages.benchmark_pages(run.stem, plan.temperatures),
-                            plan.new_run and index == 0, "benchmark")
+    if index == 0:  # (the others wait for it at their first barrier)
+        records.open_run_folder(run.folder, pages.benchmark_pages(run.stem, plan.temperatures), plan.new_run,
+                                "benchmark")
     progress.update(folder=run.folder, questions=len(run.chosen[index::count]), answered=0)
     target, tokenizer = models.load_target(None, models.parse_dtype(plan.dtype), plan.device)
     used_kernels = runners.kernels_used(plan.kernels_choice, target, plan.cuda_graphs)
