@@ -122,7 +122,8 @@ def _is_profile(value) -> bool:
 ROW_SCHEMA = {
     "question_id": validate.Field(validate.is_int, "a whole number"),
     "model_id": validate.Field(validate.is_text, "a text", required=False, nullable=True),
-    "category": validate.Field(validate.is_text, "a text", required=False, nullable=True),
+    "category": validate.Field(validate.is_cell_text, "a text without '|' or line breaks (a table cell)",
+                               required=False, nullable=True),
     "choices": validate.Field(lambda v: isinstance(v, list) and bool(v) and isinstance(v[0], dict),
                               "a non-empty list of objects"),
     "settings": validate.Field(lambda v: isinstance(v, dict), "an object", required=False),
@@ -164,6 +165,8 @@ def _answer_fault(row) -> str | None:
     most = max(choice["new_tokens"], default=0)
     if most > MAX_TURN_TOKENS:
         return f"choices[0].new_tokens holds {most}, more than a turn can generate ({MAX_TURN_TOKENS})"
+    if any(tokens > 0 and seconds == 0 for tokens, seconds in zip(choice["new_tokens"], choice["wall_time"])):
+        return "choices[0].wall_time holds 0 s for a turn that made tokens"
     slowest = max(choice["wall_time"], default=0.0)
     if slowest > MAX_TURN_SECONDS:
         return f"choices[0].wall_time holds {slowest:g} s, more than a turn can take ({MAX_TURN_SECONDS:g} s)"
@@ -195,11 +198,13 @@ def settings_difference(made: dict, wanted: dict) -> str:
                      if made.get(key) != wanted.get(key))
 
 
-def check_answer_file(answer_file: Path, settings: Settings, questions: list[dict], vouched: bool = False) -> None:
+def check_answer_file(answer_file: Path, settings: Settings, questions: list[dict], vouched: bool = False,
+                      fix: str = "pass another --answer-file, or the settings of its answers") -> None:
     """One-line error unless `questions` can be answered into `answer_file`: a file (made if missing) whose rows
     (and its shards') were made with `settings` - a file holds the answers of one setting, or its summary would
     average two.  Rows from before rows recorded their settings are taken as made with these only when
-    `vouched` (a benchmark's settings.json says so) or when none of `questions` is left to append to them."""
+    `vouched` (a benchmark's settings.json says so) or when none of `questions` is left to append to them.
+    `fix`: how the error says to go on (a run's files are not chosen by --answer-file)."""
     answer_file = Path(answer_file)
     if answer_file.is_dir():
         raise UsageError(f"--answer-file {answer_file} is a folder: give a .jsonl file in it (made if missing)")
@@ -213,8 +218,7 @@ def check_answer_file(answer_file: Path, settings: Settings, questions: list[dic
                 unrecorded += 1
             elif made != wanted:
                 raise UsageError(f"answer file {answer_file} holds answers made with other settings "
-                                 f"({settings_difference(made, wanted)}): pass another --answer-file, or the "
-                                 f"settings of its answers")
+                                 f"({settings_difference(made, wanted)}): {fix}")
     if unrecorded and not vouched and any(q["question_id"] not in finished for q in questions):
         raise UsageError(f"answer file {answer_file} holds {unrecorded} answers that record no settings (written "
                          f"before rows recorded them): pass another --answer-file to answer with these settings")

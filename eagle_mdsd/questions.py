@@ -22,7 +22,8 @@ SCHEMA = {
                             "a non-empty list of non-blank texts", required=False),
     "prompt": validate.Field(lambda v: isinstance(v, str) and bool(v.strip()), "a non-blank text", required=False),
     "question_id": validate.Field(validate.is_int, "a whole number", required=False),
-    "category": validate.Field(validate.is_text, "a text", required=False, nullable=True),
+    "category": validate.Field(validate.is_cell_text, "a text without '|' or line breaks (a table cell)",
+                               required=False, nullable=True),
 }
 
 

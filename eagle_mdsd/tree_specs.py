@@ -99,4 +99,6 @@ def split(spec: str) -> tuple[str, int | None]:
     if not base or tokens < 1:
         raise UsageError(f"tree {spec!r}: write TREE{lookup.SUFFIX} or TREE{lookup.SUFFIX}N with N >= 1 lookup "
                          f"tokens, e.g. eagle_default{lookup.SUFFIX}10")
+    if tokens > static_trees.MAX_NODES:  # each token is a node the target scores, as a static tree's are
+        raise UsageError(f"tree {spec!r}: at most {static_trees.MAX_NODES} lookup tokens are supported, got {tokens}")
     return base, tokens

@@ -86,6 +86,11 @@ def is_text(value) -> bool:
     return isinstance(value, str)
 
 
+def is_cell_text(value) -> bool:
+    """A text a page's table can hold in one cell: no '|' and no line break."""
+    return isinstance(value, str) and not any(mark in value for mark in "|\n\r")
+
+
 def is_texts(value) -> bool:
     return isinstance(value, list) and all(isinstance(v, str) for v in value)
 

@@ -13,7 +13,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from eagle_mdsd import (bench, benchmarks, checkpoint, cli, engine, errors, head, kernels, models, peers, questions,
                         report, tree)
-from eagle_mdsd.benchmark import pages, plans, records, run as benchmark_run, runners, selection, sweep
+from eagle_mdsd.benchmark import answering, pages, plans, records, run as benchmark_run, runners, selection, sweep
 from eagle_mdsd.errors import UsageError
 
 from tiny import embedded_tokenizer, tiny_target
@@ -761,6 +761,18 @@ def test_a_sweep_or_benchmark_with_nothing_to_run_is_refused(monkeypatch, capsys
     for command in ("sweep", "benchmark"):  # an empty page, or a bare Errno after the model loaded
         assert cli.main([command, "--temperatures", " , "]) == 2
         assert "--temperatures names no temperature" in capsys.readouterr().err
+
+
+def test_a_run_whose_answers_were_made_otherwise_says_how_to_go_on(tmp_path):
+    answers = tmp_path / "run" / "chain2-topk-topk-t0.jsonl"
+    answers.parent.mkdir()
+    row = _fake_row(1, "x", [10], [1.0], [5]) | {"settings": bench.Settings("eagle", 2).record()}
+    answers.write_text(json.dumps(row) + "\n")
+    # a run's files are not chosen by --answer-file, which sweep and benchmark do not have
+    with pytest.raises(UsageError, match=r"max_new_tokens 2 -> 3\): continue the run with the options it was made "
+                                         r"with, or pass --name NAME"):
+        answering.check_files(answers.parent, {"cell": answers}, {"cell": bench.Settings("eagle", 3)},
+                              [{"question_id": 2}], "cpu")
 
 
 def test_a_benchmark_resumes_only_answers_made_with_the_same_settings(tmp_path):

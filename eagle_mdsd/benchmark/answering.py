@@ -23,7 +23,9 @@ def check_files(folder: Path, files: dict, row_settings: dict, chosen: list[dict
     `row_settings` (a file of other settings is refused, `bench.check_answer_file`); returns the machine the
     folder's answers are timed on (`records.timing_machine`)."""
     for key, answer_file in files.items():
-        bench.check_answer_file(answer_file, row_settings[key], chosen, vouched=vouched)
+        bench.check_answer_file(answer_file, row_settings[key], chosen, vouched=vouched,
+                                fix="continue the run with the options it was made with, or pass --name NAME for a "
+                                    "fresh run")
     return records.timing_machine(folder, files.values(), chosen, device)
 
 

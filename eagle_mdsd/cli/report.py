@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .. import validate
 from ..errors import UsageError
 from . import options
 
@@ -34,6 +35,9 @@ def run(args) -> None:
 
     baseline = Path(args.baseline) if args.baseline else None
     labels = args.labels.split(",") if args.labels else None
+    if labels and not all(label.strip() and validate.is_cell_text(label) for label in labels):
+        raise UsageError(f"--labels {args.labels!r}: each label is a table row's name: no blank one, no '|' and no "
+                         f"line break")
     if labels and len(labels) != len(args.answer_files):
         raise UsageError(f"--labels names {len(labels)} rows for {len(args.answer_files)} answer files: give one each")
     md, png = report.write([Path(f) for f in args.answer_files], Path(args.out), baseline, args.title, labels,
