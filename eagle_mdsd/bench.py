@@ -9,7 +9,8 @@ from before 2026-11-27 hold one list per turn, and both read (`turn_lengths`).
 `settings` is ours (other readers skip it): the method, tree, drafter and
 verifier, temperature, token limit, seed, head checksum, dtype and base model
 that made the row; a file holds rows of one setting, and appending others is
-refused.  A rerun skips the question
+refused.  `question` (ours too) is a digest of the question's turns, so that a question
+file edited under the same name is not resumed as if its answers were the new text's.  A rerun skips the question
 ids already in the file; an interrupt never leaves a partial line.  Turns
 after the first see the earlier turns and answers through the one prompt
 builder (`prompts`): fastchat's template where fastchat knows the model
@@ -25,6 +26,7 @@ answer file is refused in one line instead of answering the same questions.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 import uuid
@@ -127,6 +129,7 @@ ROW_SCHEMA = {
     "choices": validate.Field(lambda v: isinstance(v, list) and bool(v) and isinstance(v[0], dict),
                               "a non-empty list of objects"),
     "settings": validate.Field(lambda v: isinstance(v, dict), "an object", required=False),
+    "question": validate.Field(validate.is_text, "a text", required=False),
 }
 CHOICE_SCHEMA = {
     "turns": validate.Field(validate.is_texts, "a list of texts"),
@@ -209,7 +212,7 @@ def check_answer_file(answer_file: Path, settings: Settings, questions: list[dic
     if answer_file.is_dir():
         raise UsageError(f"--answer-file {answer_file} is a folder: give a .jsonl file in it (made if missing)")
     wanted = settings.record()
-    unrecorded, finished = 0, set()
+    unrecorded, finished, texts = 0, set(), {q["question_id"]: question_digest(q) for q in questions}
     for path in [Path(answer_file), *shard_files(Path(answer_file))]:
         for row in read_rows(path):
             finished.add(row["question_id"])
@@ -219,9 +222,19 @@ def check_answer_file(answer_file: Path, settings: Settings, questions: list[dic
             elif made != wanted:
                 raise UsageError(f"answer file {answer_file} holds answers made with other settings "
                                  f"({settings_difference(made, wanted)}): {fix}")
+            expected = texts.get(row["question_id"])  # (rows from before rows recorded it pass)
+            if expected is not None and row.get("question", expected) != expected:
+                raise UsageError(f"answer file {answer_file} answers question {row['question_id']} as it read "
+                                 f"before its question file was edited: restore the question's text, or start "
+                                 f"another answer file (--answer-file; for a run, --name)")
     if unrecorded and not vouched and any(q["question_id"] not in finished for q in questions):
         raise UsageError(f"answer file {answer_file} holds {unrecorded} answers that record no settings (written "
                          f"before rows recorded them): pass another --answer-file to answer with these settings")
+
+
+def question_digest(question: dict) -> str:
+    """What an answer row records of its question's text: a digest of its turns."""
+    return hashlib.sha256(json.dumps(question["turns"]).encode()).hexdigest()[:16]
 
 
 def shard_files(answer_file: Path) -> list[Path]:
@@ -280,7 +293,8 @@ def run(decoder, tokenizer, questions: list[dict], answer_file: Path, model_id: 
             choice = answer(decoder, tokenizer, question, settings, template)
             jsonl.append(appended_to, {"question_id": question["question_id"], "answer_id": uuid.uuid4().hex,
                                        "model_id": model_id, "category": question.get("category"),
-                                       "choices": [choice], "tstamp": time.time(), "settings": settings.record()})
+                                       "choices": [choice], "tstamp": time.time(), "settings": settings.record(),
+                                       "question": question_digest(question)})
             answered += 1
     except KeyboardInterrupt:
         left = len(todo) - answered

@@ -340,7 +340,7 @@ def _bench(tiny_chat, answers, *options):
             "2", "--answer-file", answers, *options]
 
 
-@covers("answer-settings", "row-settings", "answer-questions")
+@covers("answer-settings", "row-settings", "answer-questions", "answer-question-edited")
 def test_an_answer_file_takes_rows_of_its_own_settings_only(tiny_chat, tmp_path, capsys):
     answers = tmp_path / "a.jsonl"
     assert run(_bench(tiny_chat, answers), capsys)[0] == 0
@@ -359,6 +359,14 @@ def test_an_answer_file_takes_rows_of_its_own_settings_only(tiny_chat, tmp_path,
     mine = _jsonl(tmp_path / "q.jsonl", [{"question_id": 81, "category": "mine", "turns": ["Name a color."]}])
     line = one_line_error(_bench(tiny_chat, answers, "--bench", mine), capsys, "answer-questions")
     assert 'questions null -> "q.jsonl"' in line and bench.read_rows(answers)[0]["category"] == "writing"
+    # the same question file, edited: its answered question is not taken as answered for the new text
+    mine_answers = tmp_path / "mine.jsonl"
+    assert run(_bench(tiny_chat, mine_answers, "--bench", mine), capsys)[0] == 0
+    _jsonl(mine, [{"question_id": 81, "category": "mine", "turns": ["Name a fruit."]},
+                  {"question_id": 82, "category": "mine", "turns": ["Name a tree."]}])
+    before = mine_answers.read_bytes()
+    line = one_line_error(_bench(tiny_chat, mine_answers, "--bench", mine), capsys, "answer-question-edited")
+    assert "question 81" in line and mine_answers.read_bytes() == before
 
 
 def _tiny_benchmark(monkeypatch, tiny_chat):

@@ -277,7 +277,7 @@ def test_profiled_answers_keep_a_file_of_their_own_and_their_own_cycles(tmp_path
     row = _fake_row(1, "x", [10], [1.0], [5]) | {"settings": plain.record()}
     answers.write_text(json.dumps(row) + "\n")
     with pytest.raises(ValueError, match="profile null -> true"):
-        bench.check_answer_file(answers, profiled, [{"question_id": 2}])
+        bench.check_answer_file(answers, profiled, [{"question_id": 2, "turns": ["t"]}])
     timed = _fake_row(2, "x", [10], [1.0], [5])
     timed["choices"][0]["profile"] = [{"draft": 0.1, "verify": 0.05}]
     # ms a cycle over the profiled answer's 5 cycles, not over every row's 10 (answers of older files mix)
@@ -772,7 +772,7 @@ def test_a_run_whose_answers_were_made_otherwise_says_how_to_go_on(tmp_path):
     with pytest.raises(UsageError, match=r"max_new_tokens 2 -> 3\): continue the run with the options it was made "
                                          r"with, or pass --name NAME"):
         answering.check_files(answers.parent, {"cell": answers}, {"cell": bench.Settings("eagle", 3)},
-                              [{"question_id": 2}], "cpu")
+                              [{"question_id": 2, "turns": ["t"]}], "cpu")
 
 
 def test_a_benchmark_resumes_only_answers_made_with_the_same_settings(tmp_path):
