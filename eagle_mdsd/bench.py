@@ -9,9 +9,10 @@ from before 2026-11-27 hold one list per turn, and both read (`turn_lengths`).
 `settings` is ours (other readers skip it): the method, tree, drafter and
 verifier, temperature, token limit, seed, head checksum, dtype and base model
 that made the row; a file holds rows of one setting, and appending others is
-refused.  `question` (ours too) is a digest of the question's turns, so that a question
-file edited under the same name is not resumed as if its answers were the new text's.  A rerun skips the question
-ids already in the file; an interrupt never leaves a partial line.  Turns
+refused.  `question` (ours too) is a digest of the question's turns, so that
+a question file edited under the same name is not resumed as if its answers
+were the new text's.  A rerun skips the question ids already in the file; an
+interrupt never leaves a partial line.  Turns
 after the first see the earlier turns and answers through the one prompt
 builder (`prompts`): fastchat's template where fastchat knows the model
 (vicuna, llama-2, ...), the tokenizer's chat template otherwise.

@@ -22,7 +22,8 @@ def open_run_folder(folder: Path, pages: list[Path], new_run: bool, kind: str) -
     """Before the model loads: a fresh run (`new_run`) makes `folder` in one step, records that command `kind`
     (one of KINDS) made it, and refuses `pages` that exist (a page is never overwritten, a folder never shared); a
     resumed one reads its settings.json, so that a broken record, a run of the other kind, or a folder without one
-    (no run made it), is a one-line error now.  A record without a kind, written before runs named theirs, resumes under either."""
+    (no run made it), is a one-line error now.  A record without a kind, written before runs named theirs, resumes
+    under either."""
     name = Path(folder).name
     record = Path(folder) / "settings.json"
     if new_run:
