@@ -112,7 +112,7 @@ class Decoder:
         if tree is not None:
             tree.check_scheme(self.scheme, self.lm_head.weight.shape[0])
         self.graphs = graphs.Emulated() if cuda_graphs == "emulate" else \
-            graphs.Graphs(self.device) if graphs.resolve(cuda_graphs, self.device) else None
+            graphs.Graphs(self.device) if graphs.resolve(cuda_graphs, self.device, target) else None
         self.caches = None  # (target cache, head cache): the largest a call has needed, kept for the next
         self.cycles = {}  # method -> its cycle.Cycle over those caches, kept so that its captured graphs replay
         self.draft_model = None if head is None else \

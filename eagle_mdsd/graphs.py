@@ -37,12 +37,14 @@ CHOICES = ("auto", "off", "compile")
 REPLAY = "eagle_mdsd::graph_replay"
 
 
-def resolve(choice: str, device: torch.device) -> bool:
+def resolve(choice: str, device: torch.device, model=None) -> bool:
     """--cuda-graphs auto|off|compile -> whether to capture: auto and compile mean on CUDA (compile also compiles
-    the models' forwards, `compiled`)."""
+    the models' forwards, `compiled`), for a `model` on one device: a capture records the work of one device's
+    stream, so a target spread over GPUs (--device auto) runs eagerly."""
     if choice not in CHOICES:
         raise UsageError(f"unknown --cuda-graphs {choice!r}: use one of {', '.join(CHOICES)}")
-    return choice in ("auto", "compile") and torch.device(device).type == "cuda"
+    spread = model is not None and len({parameter.device for parameter in model.parameters()}) > 1
+    return choice in ("auto", "compile") and torch.device(device).type == "cuda" and not spread
 
 
 def compiled(module):
@@ -51,8 +53,12 @@ def compiled(module):
     kernels are captured like any others; what it buys is fewer, fused kernels a layer (norms, rotary embeddings,
     activations), where a captured step of a small model spends its time (launch gaps between tiny kernels).
     Where inductor cannot compile (no C++ compiler on a CPU, say), the first call says so in one line."""
+    import torch._dynamo.config
     import torch._dynamo.exc
 
+    # Compiled code is kept per code object, and every decoder's forwards run the same module's code: past dynamo's
+    # limit of 8 compilations of one (a decoder's phases may take them all), later ones would run uncompiled.
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     compiled_module = torch.compile(module, dynamic=True)
 
     def forward(*args, **kwargs):
@@ -145,6 +151,10 @@ class Graphs:
         collecting = gc.isenabled()
         gc.disable()  # a collection inside the capture could free another graph, which a capturing stream refuses
         try:
+            # cuBLAS keeps a workspace a stream, made at its first GEMM (the warm-up's) outside the graphs' pool, and
+            # torch frees them all at times (torch.compile's graphs, a graph destroyed): a captured GEMM would then
+            # address freed memory.  Freed now, the capture's GEMMs make their workspace in the pool the graphs hold.
+            getattr(torch._C, "_cuda_clearCublasWorkspaces", lambda: None)()
             # on a stream of the graphs' device: torch's default capture stream is made once, on the device that
             # was current at the process's first capture
             with torch.cuda.graph(graph, pool=self.pool, stream=self._side()):

@@ -269,7 +269,9 @@ def test_compiled_forwards_trace_whole_serve_every_span_and_stay_greedy(target_a
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
     torch._dynamo.reset()
     counters.clear()
-    decoder = engine.Decoder(target, draft_head, tree_specs.load("eagle_default"), cuda_graphs="compile")
+    with torch._dynamo.config.patch(recompile_limit=8):  # dynamo's default, put back after the block
+        decoder = engine.Decoder(target, draft_head, tree_specs.load("eagle_default"), cuda_graphs="compile")
+        assert torch._dynamo.config.recompile_limit >= 64  # every decoder's forwards compile the one module's code
     assert decoder.generate(PROMPT, 16, 0.0).token_ids == greedy_tokens(target, PROMPT, 16)
     decoder.generate(PROMPT + [5, 6], 16, 0.0)
     seen = counters["stats"]["unique_graphs"]

@@ -166,7 +166,12 @@ class FakeCuda:
             def synchronize(self):
                 pass
 
-        self.replays = []
+        self.replays, self.cleared_before_capture = [], False
+
+        def clear_cublas_workspaces():
+            fake.cleared_before_capture = fake.capturing is None
+
+        monkeypatch.setattr(torch._C, "_cuda_clearCublasWorkspaces", clear_cublas_workspaces, raising=False)
         for name, value in (("Stream", lambda device=None: self.Stream(self._index(device))),
                             ("current_stream", self.current_stream), ("stream", self.stream), ("device", self.on),
                             ("graph", self.graph), ("CUDAGraph", CUDAGraph), ("Event", Event),
@@ -229,6 +234,7 @@ def test_graphs_capture_and_replay_on_their_device(monkeypatch):
         for _ in range(2):
             captured.run(("verify", 1, 0), phase, torch.ones(2))
         assert calls == [(device, device, False, False)] * 2 + [(device, device, False, True)]
+        assert fake.cleared_before_capture  # cuBLAS's workspaces: the capture's own, in the graphs' pool
         assert [stream.device for stream in fake.replays] == [device] * 2 and fake.device == 0
         fake.replays.clear()
 
@@ -243,3 +249,11 @@ def test_a_transfer_awaits_its_copy_on_the_stream_of_its_device(monkeypatch):
     transfer = graphs.Transfer(zeros(3, dtype=torch.long), "cuda:1")
     transfer.send(torch.arange(3), 1)
     assert transfer.events[1].stream is fake.current_stream(1) and transfer.receive(1) == [0, 1, 2]
+
+
+def test_a_target_spread_over_devices_is_not_captured():
+    """A capture records one device's stream: a target that --device auto spreads over GPUs runs eagerly."""
+    one = torch.nn.Linear(2, 2)
+    spread = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2, device="meta"))
+    assert graphs.resolve("auto", "cuda:0", one) and graphs.resolve("compile", "cuda:0", one)
+    assert not graphs.resolve("auto", "cuda:0", spread) and not graphs.resolve("auto", "cpu", one)
