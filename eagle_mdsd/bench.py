@@ -27,6 +27,7 @@ answer file is refused in one line instead of answering the same questions.
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import time
@@ -37,7 +38,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from . import jsonl, outputs, prompts, validate
-from .errors import Interrupted, UsageError
+from .errors import Interrupted, UsageError, check_context
 
 
 @dataclass(frozen=True)
@@ -239,7 +240,7 @@ def question_digest(question: dict) -> str:
 
 
 def shard_files(answer_file: Path) -> list[Path]:
-    return sorted(answer_file.parent.glob(f"{answer_file.stem}.shard*.jsonl"))
+    return sorted(answer_file.parent.glob(f"{glob.escape(answer_file.stem)}.shard*.jsonl"))  # ([ and * are its name's)
 
 
 def finished_ids(answer_file: Path) -> set[int]:
@@ -269,6 +270,18 @@ def target_file(answer_file: Path, process: tuple[int, int] = (0, 1)) -> Path:
         f"{answer_file.stem}.shard{index:03d}-of-{count:03d}.jsonl")
 
 
+def check_first_turns(decoder, tokenizer, questions: list[dict], settings: Settings, template=None) -> None:
+    """A one-line error unless every question's first turn fits the target's context (later turns hold answers
+    not made yet): a question too long is refused before the first answer, not hours into a run."""
+    depth = decoder.tree.max_depth if settings.method == "eagle" else 0
+    for question in questions:
+        prompt = conversation_ids(tokenizer, question["turns"][:1], [], template)
+        try:
+            check_context(decoder.target, len(prompt), settings.max_new_tokens, depth)
+        except UsageError as error:
+            raise UsageError(f"question {question['question_id']}: {error}") from None
+
+
 def run(decoder, tokenizer, questions: list[dict], answer_file: Path, model_id: str, settings: Settings,
         template=None, warmup: bool = True, process: tuple[int, int] = (0, 1), progress: bool = True,
         share_out: bool = True, vouched: bool = False, command: str | None = None) -> Path:
@@ -283,6 +296,7 @@ def run(decoder, tokenizer, questions: list[dict], answer_file: Path, model_id: 
     done = finished_ids(answer_file)
     # Share out the full list, not what is left: the shares must not depend on when each process looks.
     todo = [q for q in (questions[index::count] if share_out else questions) if q["question_id"] not in done]
+    check_first_turns(decoder, tokenizer, todo, settings, template)
     appended_to = target_file(answer_file, process)
     jsonl.drop_cut_short_line(appended_to)
     answered = 0

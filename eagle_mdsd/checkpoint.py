@@ -57,11 +57,13 @@ def llama_config(values: dict, spec: str, **extra):
             raise UsageError(f"draft head {spec}: config.json's {name} must be a whole number above 0, not "
                              f"{json.dumps(values[name])[:40]}: use the config.json that came with the head")
     nested = values.get("rope_parameters") if isinstance(values.get("rope_parameters"), dict) else {}
-    theta = values.get("rope_theta", nested.get("rope_theta"))  # a position's rotation: 0 or less scrambles them
-    number = isinstance(theta, (int, float)) and not isinstance(theta, bool)
-    if theta is not None and not (number and 0 < theta < math.inf):
-        raise UsageError(f"draft head {spec}: config.json's rope_theta must be a number above 0, not "
-                         f"{json.dumps(theta)[:40]}: use the config.json that came with the head")
+    # each divides or scales a position's rotation or a norm: 0, less or not finite makes NaN or scrambles them
+    for name in ("rope_theta", "rms_norm_eps", "factor"):
+        number = values.get(name, nested.get(name))
+        if number is not None and not (isinstance(number, (int, float)) and not isinstance(number, bool)
+                                       and 0 < number < math.inf):
+            raise UsageError(f"draft head {spec}: config.json's {name} must be a number above 0, not "
+                             f"{json.dumps(number)[:40]}: use the config.json that came with the head")
     try:
         return LlamaConfig(**values, **extra)
     except Exception as error:  # transformers' strict validation raises its own classes besides TypeError

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from . import benchmarks, engine, head, jsonl, models, peers, questions, tree_specs, validate
+from . import benchmarks, checkpoint, engine, head, jsonl, models, peers, questions, tree_specs, validate
 
 BASELINE = "baseline"  # the engine's plain decoding, in place of a tree: where a difference enters
 ALL_TREES = (BASELINE, "eagle_default", "binary_depth4", "quad_depth3", "chain4", "chain6", "eagle2", "opt_tree",
@@ -52,6 +52,16 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+def made_with(max_new_tokens: int, head_spec: str, base_model: str | None) -> dict:
+    """What a row's result depends on besides its dtype, question and tree: the target (a local one by its full
+    path, as two folders may share a name) and the head's files (by checksum, as a folder may be rewritten)."""
+    target = models.EMBEDDED if base_model in (None, models.EMBEDDED) else str(base_model)
+    if Path(target).exists():
+        target = str(Path(target).resolve())
+    files = None if head_spec == "random" else checkpoint.head_checksum(checkpoint.head_folder(head_spec))
+    return {"max_new_tokens": max_new_tokens, "head": head_spec, "base_model": target, "head_files": files}
+
+
 def greedy_equivalence(rows_file: Path, question_count: int = 5, max_new_tokens: int = 128,
                        trees=ALL_TREES, dtypes=("float32", "bfloat16"), head_spec: str = "random",
                        base_model: str | None = None, device: str = "cpu", cuda_graphs: str = "auto",
@@ -61,7 +71,7 @@ def greedy_equivalence(rows_file: Path, question_count: int = 5, max_new_tokens:
     # bad names: now, before any model loads
     topologies = {name: None if name in NOT_TREES else tree_specs.load(name, device) for name in trees}
     torch_dtypes = {dtype: models.parse_dtype(dtype) for dtype in dtypes}
-    done, made = {}, {"max_new_tokens": max_new_tokens, "head": head_spec}  # rows of other settings: not reused
+    done, made = {}, made_with(max_new_tokens, head_spec, base_model)  # rows of other settings: not reused
     jsonl.drop_cut_short_line(rows_file)
     for row in read_rows(rows_file):
         if all(row.get(key) == value for key, value in made.items()):

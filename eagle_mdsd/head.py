@@ -146,6 +146,8 @@ def _draft_vocab(folder: Path, spec, vocab_size) -> list[int] | None:
     if validate.is_int(vocab_size) and (max(token_ids) >= vocab_size or min(token_ids) < 0):
         raise UsageError(f"draft head {spec}: {DRAFT_VOCAB_FILE} has token ids outside the vocabulary of "
                          f"{vocab_size}; {fix}")
+    if len(set(token_ids)) < len(token_ids):  # a ranking's first N ids are N tokens, as --draft-vocab N records
+        raise UsageError(f"draft head {spec}: {DRAFT_VOCAB_FILE} ranks a token id more than once; {fix}")
     return token_ids
 
 
@@ -232,4 +234,8 @@ def checked_draft_vocab(head, draft_vocab) -> int | None:
         if draft_vocab > vocab:
             raise UsageError(f"--draft-vocab {draft_vocab} is more than the target's vocabulary of {vocab} tokens: "
                              f"give at most {vocab}, or 'full' to draft over all of them")
+        if draft_vocab > len(head.draft_vocab):  # drafting would take the whole ranking and record N
+            raise UsageError(f"--draft-vocab {draft_vocab} is more than the head's draft_vocab.json ranks "
+                             f"({len(head.draft_vocab)} tokens): give at most {len(head.draft_vocab)}, or 'full' "
+                             f"to draft over the whole vocabulary")
     return draft_vocab

@@ -169,6 +169,26 @@ def check_device(device: str) -> None:
                          f"from 0: give cuda:N with N below that")
 
 
+def target_config(spec: str | None = None):
+    """The config of the target `load_target(spec)` loads, read without its weights; None where it cannot be read
+    (then load_target names the fault when the model loads)."""
+    from transformers import AutoConfig
+
+    kwargs = {}
+    if spec in (None, EMBEDDED):
+        source = _embedded_folder()
+    elif str(spec).endswith(".gguf"):
+        source, kwargs = Path(spec).parent, {"gguf_file": Path(spec).name}
+    else:
+        source = spec
+        if is_hub_id(str(spec)) and hub_offline():
+            kwargs["local_files_only"] = True
+    try:
+        return AutoConfig.from_pretrained(source, **kwargs)
+    except Exception:  # (any of the files' or the hub's faults: load_target's to name)
+        return None
+
+
 def load_target(spec: str | None = None, dtype: torch.dtype = torch.float32, device: str = "cpu"):
     """(model, tokenizer) for a hub id, a local folder, a .gguf file, or None / 'embedded'.
 
@@ -202,6 +222,9 @@ def load_target(spec: str | None = None, dtype: torch.dtype = torch.float32, dev
                               f"run with network") from None
         lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
         why = (lines[-1] if isinstance(error, _StrictError) else lines[0])[:200] if lines else type(error).__name__
+        if spec in (None, EMBEDDED):  # (the copy converted on first use, since damaged: a crash, a clean-up)
+            raise UsageError(f"the embedded model's converted copy {source} does not load ({why}): delete that "
+                             f"folder, and the next command converts the model again") from None
         if isinstance(error, PermissionError):  # the hub's cache cannot be written
             why += "; set HF_HOME to a folder you can write, where the hub's files are kept"
         raise (MissingFile if isinstance(error, OSError) else UsageError)(

@@ -108,3 +108,9 @@ def refuse_existing(paths, what: str, fix: str) -> None:
     for path in paths:
         if Path(path).exists():
             raise UsageError(f"{what} {path} exists and a fresh run never overwrites one: {fix}")
+
+
+def stem_file(stem: Path, suffix: str) -> Path:
+    """A page beside its stem: the stem's dots are part of its name (run.v1 -> run.v1.md, where with_suffix
+    would write run.md, another run's page)."""
+    return stem.with_name(stem.name + suffix)

@@ -441,7 +441,8 @@ def write(answer_files: list[Path], out: Path, baseline: Path | None = None, tit
     leaves the earlier page as it was.  The page says every difference `across` let through."""
     entries = compare(answer_files, baseline, labels, paired, window, mixed_settings, across)
     out = Path(out)
-    if not out.name or out.is_dir() or out.with_suffix(".md").is_dir():
+    out = out.with_suffix("") if out.suffix in (".md", ".png") else out  # a stem's other dots are its name's
+    if not out.name or out.is_dir() or outputs.stem_file(out, ".md").is_dir():
         raise UsageError(f"--out {out} is a folder: give a path and file stem such as {out / 'report'}")
     text = (f"# {title}\n\n" if title else "") + markdown(entries)
     if baseline is not None:
@@ -449,5 +450,5 @@ def write(answer_files: list[Path], out: Path, baseline: Path | None = None, tit
     notes = [note for entry in entries for note in entry.get("across", [])]
     if notes:
         text += "\nNot alike: " + " ".join(notes) + "\n"
-    png = bar_chart(entries, out.with_suffix(".png"), baseline)
-    return outputs.write_atomically(out.with_suffix(".md"), text), png
+    png = bar_chart(entries, outputs.stem_file(out, ".png"), baseline)
+    return outputs.write_atomically(outputs.stem_file(out, ".md"), text), png

@@ -8,6 +8,7 @@ Compiled once: nodes sorted by (depth, path), node 0 the root.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import dataclass
@@ -132,7 +133,20 @@ def named(name: str) -> Path | None:
     if shipped.is_file() and own.is_file() and own.read_bytes() != shipped.read_bytes():
         raise UsageError(f"tree {name!r}: {own} differs from the shipped tree of that name, and a name means one "
                          f"tree: rename the file, or give its path (--tree ./{own})")
+    if own.is_file() and not shipped.is_file() and re.fullmatch(r"chain[1-9][0-9]*", name):
+        refuse_built_in_name(name, "chainN")
     return next((path for path in (shipped, own) if path.is_file()), None)
+
+
+def refuse_built_in_name(name: str, kind: str) -> None:
+    """A tree_configs/NAME.json under the working directory whose name is a built-in tree's is a one-line error:
+    a name means one tree, and reading the file under it would label its results with the built-in tree's name."""
+    own = USER_TREES / f"{name}.json"
+    raise UsageError(f"tree {name!r}: {own} takes the name of a built-in tree ({kind}), and a name means one tree: "
+                     f"rename the file, or give its path (--tree ./{own})")
+
+
+UNKNOWN = "unknown tree"  # how a name no tree has begins its error (tree_specs adds the dynamic trees)
 
 
 def load(spec: str) -> Tree:
@@ -149,7 +163,7 @@ def load(spec: str) -> Tree:
                 raise UsageError(f"tree {spec}: at most {MAX_NODES} nodes are supported")
             return chain(int(spec[5:]))
         if path is None:
-            raise UsageError(f"unknown tree {spec!r}: use one of {', '.join(names())}, chainN, or a .json file")
+            raise UsageError(f"{UNKNOWN} {spec!r}: use one of {', '.join(names())}, chainN, or a .json file")
     elif not path.exists():
         raise MissingFile(f"tree file {spec} does not exist")
     try:
@@ -160,6 +174,17 @@ def load(spec: str) -> Tree:
         raise UsageError(f"tree file {spec} nests its lists too deeply to be a tree: give a list of paths") from None
     paths = data.get("paths") if isinstance(data, dict) else data
     return compile_tree(paths, name)
+
+
+def file_digest(topology) -> str | None:
+    """A digest of a tree's paths where they come from a user's file (a path, or tree_configs/NAME.json under the
+    working directory), which may be edited between two runs under one label, so that answer rows record it;
+    None for a built-in tree (shipped, chainN, dynamic)."""
+    tree = getattr(topology, "base", topology)
+    if not isinstance(tree, Tree) or (SHIPPED_TREES / f"{tree.name}.json").is_file() or re.fullmatch(
+            r"chain[1-9][0-9]*", tree.name):
+        return None
+    return hashlib.sha256(json.dumps(tree.paths).encode()).hexdigest()[:16]
 
 
 def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

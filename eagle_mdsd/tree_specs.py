@@ -47,7 +47,15 @@ def load(spec: str, device="cpu", **overrides):
         if given:
             raise UsageError(f"{_flags(given)} shape dynamic trees ({', '.join(dynamic.NAMES)}), not tree "
                              f"{spec!r}: drop {'it' if len(given) == 1 else 'them'} or pick a dynamic tree")
-        return static_trees.load(spec)
+        try:
+            return static_trees.load(spec)
+        except UsageError as error:
+            if not str(error).startswith(static_trees.UNKNOWN):
+                raise
+            raise UsageError(f"{str(error).removesuffix(', or a .json file')}, a .json file, a dynamic tree "
+                             f"({', '.join(dynamic.NAMES)}), or any of them{lookup.SUFFIX}") from None
+    if (static_trees.USER_TREES / f"{name}.json").is_file():
+        static_trees.refuse_built_in_name(name, "a dynamic tree")
     values = dict(DEFAULTS[device_kind(device)][name])
     unused = [key for key in given if key not in values]
     if unused:

@@ -150,10 +150,13 @@ HEAD_CASES = {
     "head-config-value": lambda f: (f / "config.json").write_text(json.dumps(
         json.loads((f / "config.json").read_text()) | {"hidden_size": "32"})),
     "head-draft-vocab": lambda f: (f / "draft_vocab.json").write_text(json.dumps({"token_ids": "1,2"})),
+    "head-draft-vocab-twice": lambda f: (f / "draft_vocab.json").write_text(json.dumps({"token_ids": [1, 2, 1]})),
     "head-config-layer": lambda f: (f / "config.json").write_text(json.dumps(
         json.loads((f / "config.json").read_text()) | {"hidden_act": "nope"})),
     "head-rope": lambda f: (f / "config.json").write_text(json.dumps(
         json.loads((f / "config.json").read_text()) | {"rope_theta": -5})),
+    "head-norm-eps": lambda f: (f / "config.json").write_text(json.dumps(
+        json.loads((f / "config.json").read_text()) | {"rms_norm_eps": -1.0})),
 }
 
 
@@ -164,6 +167,14 @@ def test_a_broken_head_is_one_line_naming_its_file_before_the_model_loads(row, h
     folder = _head_variant(head_folder, tmp_path, HEAD_CASES[row])
     line = one_line_error(["generate", "--prompt", "hi", "--ea-model", folder], capsys, row)
     assert str(folder) in line
+
+
+def test_a_head_rope_factor_of_0_is_refused_as_a_bad_theta_is(head_folder, tmp_path, no_model, capsys):
+    rope = {"rope_parameters": {"rope_type": "linear", "factor": 0.0, "rope_theta": 10000.0}}
+    folder = _head_variant(head_folder, tmp_path, lambda f: (f / "config.json").write_text(json.dumps(
+        json.loads((f / "config.json").read_text()) | rope)))
+    assert "factor must be a number above 0" in one_line_error(["generate", "--prompt", "hi", "--ea-model", folder],
+                                                               capsys, "head-rope")
 
 
 def _question_file(tmp_path, records) -> Path:
@@ -185,6 +196,8 @@ CASES = {
                               (tmp / "t.json").write_text("[[0], [true]]") and tmp / "t.json"],
     "tree-clash": lambda tmp: ["generate", "--prompt", "hi", "--tree", (tmp / "tree_configs").mkdir()
                                or (tmp / "tree_configs" / "chain4.json").write_text("[[0]]") and "chain4"],
+    "tree-built-in-name": lambda tmp: ["generate", "--prompt", "hi", "--tree", (tmp / "tree_configs").mkdir()
+                                       or (tmp / "tree_configs" / "chain2.json").write_text("[[0],[1]]") and "chain2"],
     "tree-lookup-twice": lambda tmp: ["generate", "--prompt", "hi", "--tree", "chain2+lookup2+lookup"],
     "tree-digits": lambda tmp: ["generate", "--prompt", "hi", "--tree", "chain\u00b2"],
     "tree-nested": lambda tmp: ["generate", "--prompt", "hi", "--tree",
@@ -207,6 +220,7 @@ CASES = {
     "question-turns": lambda tmp: ["bench", "--bench", _question_file(tmp, [{"turns": [1, 2]}])],
     "question-category-cell": lambda tmp: ["bench", "--bench", _question_file(tmp, [{"category": "a|b\n# x",
                                                                                      "turns": ["A?"]}])],
+    "model-id-cell": lambda tmp: ["bench", "--method", "baseline", "--model-id", "tiny|v2"],
     "report-label-cell": lambda tmp: ["report", _jsonl(tmp / "a.jsonl", [_row(81)]), "--labels", "x|y", "--out",
                                       tmp / "r"],
     "question-json": lambda tmp: ["bench", "--bench", (tmp / "q.jsonl").write_text("{cut\n") and tmp / "q.jsonl"],
@@ -367,6 +381,67 @@ def test_an_answer_file_takes_rows_of_its_own_settings_only(tiny_chat, tmp_path,
     before = mine_answers.read_bytes()
     line = one_line_error(_bench(tiny_chat, mine_answers, "--bench", mine), capsys, "answer-question-edited")
     assert "question 81" in line and mine_answers.read_bytes() == before
+
+
+@covers("context-question")
+def test_a_question_past_the_context_is_refused_before_the_first_answer(tiny_chat, tmp_path, capsys):
+    answers = tmp_path / "a.jsonl"
+    mine = _jsonl(tmp_path / "q.jsonl", [{"question_id": 1, "turns": ["w1 w2"]},
+                                          {"question_id": 2, "turns": [" ".join(["w3"] * 300)]}])
+    line = one_line_error(["bench", "--base-model", tiny_chat, "--method", "baseline", "--bench", mine,
+                           "--max-new-tokens", "2", "--answer-file", answers], capsys, "context-question")
+    assert line.startswith("eagle-mdsd: error: question 2:") and not answers.exists()
+
+
+@covers("answer-tree-edited")
+def test_an_answer_file_refuses_rows_of_a_tree_file_since_edited(tiny_chat, tmp_path, capsys):
+    answers, tree_file = tmp_path / "a.jsonl", tmp_path / "t.json"
+    tree_file.write_text("[[0], [0, 0]]")
+    eagle = ["--method", "eagle", "--ea-model", "random", "--tree", tree_file]
+    assert run(_bench(tiny_chat, answers, *eagle), capsys)[0] == 0
+    tree_file.write_text("[[0], [1], [0, 0]]")  # the same label, another tree
+    before = answers.read_bytes()
+    line = one_line_error(_bench(tiny_chat, answers, *eagle, "--question-end", "2"), capsys, "answer-tree-edited")
+    assert str(answers) in line and answers.read_bytes() == before
+
+
+@covers("sweep-other-bench")
+def test_a_sweep_s_rows_record_their_bench_so_a_resume_on_another_is_refused(tmp_path):
+    from eagle_mdsd.benchmark import plans, sweep
+
+    def settings(bench_name):
+        plan = plans.SweepPlan(trees=("chain2",), pairs=(("topk", "topk"),), temperatures=(0.0,),
+                               bench_name=bench_name)
+        topologies, cells = plans.sweep_cells(plan)
+        files, row_settings = sweep.cell_files(tmp_path, plan, cells, None, topologies)
+        return files[cells[0]], row_settings[cells[0]]
+
+    answers, made = settings("mt_bench")
+    _jsonl(answers, [_row(81, settings=made.record())])
+    answers, other = settings("translation")
+    with pytest.raises(errors.UsageError, match=re.escape(says("sweep-other-bench"))):
+        bench.check_answer_file(answers, other, [{"question_id": 81, "turns": ["t"]}])
+
+
+@covers("page-dotted-name")
+def test_a_name_with_a_dot_names_its_pages_whole(tmp_path, capsys):
+    from eagle_mdsd.benchmark import pages
+
+    assert pages.benchmark_pages(tmp_path / "t.1", [0.0])[:2] == [tmp_path / "t.1.md", tmp_path / "t.1.json"]
+    answers = _jsonl(tmp_path / "a.jsonl", [_row(81)])
+    for out in ("report.v1", "report.v2", "report.v3.md"):
+        assert run(["report", answers, "--out", tmp_path / out], capsys)[0] == 0
+    assert {p.name for p in tmp_path.glob("report*.md")} == {"report.v1.md", "report.v2.md", "report.v3.md"}
+
+
+@covers("draft-vocab-ranking")
+def test_a_draft_vocabulary_past_the_head_s_ranking_is_refused(tiny_chat, tmp_path, capsys):
+    target, _ = models.load_target(str(tiny_chat), torch.float32)
+    folder = head.save_head(head.random_head(target), tmp_path / "head", safetensors=True)
+    (folder / "draft_vocab.json").write_text(json.dumps({"token_ids": list(range(2, 12))}))
+    line = one_line_error(["generate", "--base-model", tiny_chat, "--ea-model", folder, "--prompt", "w1 w2",
+                           "--max-new-tokens", "2", "--draft-vocab", "50"], capsys, "draft-vocab-ranking")
+    assert "(10 tokens)" in line
 
 
 def _tiny_benchmark(monkeypatch, tiny_chat):
@@ -538,6 +613,29 @@ def test_reading_a_device_or_a_pipe_as_an_answer_file_is_refused_without_reading
         lines = done.stderr.strip().splitlines()
         assert done.returncode == 2 and len(lines) == 1 and says("read-device") in lines[0], done.stderr
         assert str(answers) in lines[0]
+
+
+@covers("hub-endpoint")
+def test_an_hf_endpoint_that_is_no_url_is_one_line_before_the_imports_read_it():
+    import os
+    import subprocess
+    import sys
+
+    for endpoint in ("https://hf.example:notaport", "http://[bad"):
+        done = subprocess.run([sys.executable, "-m", "eagle_mdsd.cli", "pairs"], capture_output=True, text=True,
+                              timeout=120, env=os.environ | {"HF_ENDPOINT": endpoint})
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2 and len(lines) == 1 and says("hub-endpoint") in lines[0], done.stderr
+
+
+@covers("embedded-copy-damaged")
+def test_a_damaged_copy_of_the_embedded_model_says_to_delete_it(tmp_path, monkeypatch, capsys):
+    copy = tmp_path / "smollm2-135m-instruct"
+    copy.mkdir()
+    (copy / "config.json").write_text(json.dumps({"model_type": "llama"}))  # the weights gone
+    monkeypatch.setenv("EAGLE_MDSD_CACHE", str(tmp_path))
+    line = one_line_error(["generate", "--prompt", "hi", "--max-new-tokens", "2"], capsys, "embedded-copy-damaged")
+    assert str(copy) in line
 
 
 def _full_disk(monkeypatch):
@@ -894,6 +992,19 @@ def test_a_run_out_of_memory_ends_in_one_line(tmp_path, capsys, monkeypatch, err
     monkeypatch.setattr(prompts, "_sampled_messages", other)  # any other error: a bug, with its traceback
     with pytest.raises(RuntimeError, match="mat1 and mat2"):
         cli.main(["train-head", "prompts", "--run", str(tmp_path), "--count", "4"])
+
+
+@covers("train-all-up-front")
+def test_train_head_all_checks_the_train_options_before_its_data_stage(tiny_chat, tmp_path, monkeypatch, capsys):
+    from eagle_mdsd import training
+
+    monkeypatch.setattr(training, "make_data", lambda *a, **k: pytest.fail("the data stage ran before the check"))
+    all_stages = ["train-head", "all", "--run", tmp_path / "run", "--base-model", tiny_chat, "--device", "cpu"]
+    for option, says_text in ((["--init-from", tmp_path / "none"], "neither a run with checkpoint.pt"),
+                              (["--data-from", tmp_path / "none"], "no data shards in"),
+                              (["--draft-vocab", "65"], "is more than the target's vocabulary of 64"),
+                              (["--format", "eagle3"], "EAGLE-3 needs a target of 4 layers")):
+        assert says_text in one_line_error([*all_stages, *option], capsys, "train-all-up-front")
 
 
 @covers("train-draft-vocab")

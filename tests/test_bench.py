@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -133,6 +134,10 @@ def test_the_peers_and_the_greedy_check_decode_plainly_whatever_the_model_s_gene
     assert [row["identical"] for row in rows] == [True, True]
     longer = checks.greedy_equivalence(tmp_path / "rows.jsonl", max_new_tokens=9, **settings)
     assert [row["identical"] for row in longer] == [True, True] and longer[0]["max_new_tokens"] == 9  # anew
+    shutil.copytree(tmp_path / "target", tmp_path / "other" / "target")  # another model of the same name
+    checks.greedy_equivalence(tmp_path / "rows.jsonl", max_new_tokens=9, **settings | {
+        "base_model": str(tmp_path / "other" / "target")})
+    assert len((tmp_path / "rows.jsonl").read_text().splitlines()) == 6  # its rows made anew, not reused
 
 
 def test_second_turn_sees_the_first_answer(small_chat_model):
@@ -336,7 +341,9 @@ def test_shards_answer_disjoint_questions_and_merge_sorted(tmp_path, small_chat_
     target, tokenizer = small_chat_model
     decoder = engine.Decoder(target)
     chosen = questions.load("mt_bench")[:5]
-    answer_file = tmp_path / "answers.jsonl"
+    answer_file = tmp_path / "answers[1]*.jsonl"  # a name glob would read as a pattern
+    another = tmp_path / "answers1x.shard000-of-002.jsonl"  # a shard of another file: never this file's
+    another.write_text("")
     settings = bench.Settings("baseline", max_new_tokens=3, turns=1)
     bench.run(decoder, tokenizer, chosen[:1], answer_file, "tiny", settings)  # finished before the sharded run
     for index in (1, 0):  # as two `accelerate launch` processes, the second one first
@@ -345,7 +352,7 @@ def test_shards_answer_disjoint_questions_and_merge_sorted(tmp_path, small_chat_
     assert bench.finished_ids(answer_file) == {81, 82, 83, 84, 85}  # a rerun would resume from the shards
     bench.merge_shards(answer_file)
     assert bench.shard_files(answer_file) == []
-    assert [r["question_id"] for r in bench.read_rows(answer_file)] == [81, 82, 83, 84, 85]
+    assert [r["question_id"] for r in bench.read_rows(answer_file)] == [81, 82, 83, 84, 85] and another.exists()
 
 
 def test_a_write_cut_short_is_not_a_finished_question_and_the_rerun_drops_it(tmp_path, small_chat_model):

@@ -132,6 +132,12 @@ def test_draft_vocabulary_needs_the_heads_token_ranking(tiny):
     target, draft_head = tiny
     with pytest.raises(ValueError, match="draft_vocab.json"):
         engine.Decoder(target, draft_head, tree.compile_tree(TREES["wide"]), draft_vocab=2)
+    draft_head.draft_vocab = [2, 0]  # a ranking of two tokens drafts over two, whatever number is recorded
+    try:
+        with pytest.raises(ValueError, match=r"--draft-vocab 3 is more than the head's draft_vocab.json ranks \(2"):
+            engine.Decoder(target, draft_head, tree.compile_tree(TREES["wide"]), draft_vocab=3)
+    finally:
+        draft_head.draft_vocab = None
 
 
 def test_the_joint_distribution_tests_have_their_stated_power():

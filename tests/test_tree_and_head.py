@@ -11,7 +11,7 @@ import warnings
 import pytest
 import torch
 
-from eagle_mdsd import checkpoint, head, tree
+from eagle_mdsd import checkpoint, head, tree, tree_specs
 from eagle_mdsd.errors import MissingFile, UsageError
 
 from tiny import tiny_target
@@ -103,6 +103,22 @@ def test_a_tree_of_tree_configs_that_differs_from_the_shipped_tree_of_its_name_i
     (tmp_path / "tree_configs" / "chain4.json").write_bytes((tree.SHIPPED_TREES / "chain4.json").read_bytes())
     assert tree.load("chain4").size == 4
 
+
+
+def test_a_tree_of_tree_configs_named_as_a_built_in_tree_is_refused(tmp_path, monkeypatch):
+    """chain2 (made, not shipped) and eagle2 (grown) are built-in trees: a file of either name in tree_configs/ is
+    never read in place of the built-in tree (nor passed over in silence); its path still loads it."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tree_configs").mkdir()
+    for name in ("chain2", "eagle2"):
+        (tmp_path / "tree_configs" / f"{name}.json").write_text(json.dumps([[0], [1]]))
+        with pytest.raises(ValueError, match=f"tree '{name}': tree_configs/{name}.json takes the name of a built-in"):
+            tree_specs.load(name)
+        assert tree.load(f"./tree_configs/{name}.json").size == 2
+    assert tree_specs.load("chain3").size == 3
+    with pytest.raises(ValueError, match=r"unknown tree 'eagle-2': .*chainN, a .json file, a dynamic tree \(eagle2, "
+                                         r"opt_tree\), or any of them\+lookup$"):
+        tree_specs.load("eagle-2")  # the error names every kind of tree
 
 def head_logits(draft_head, target):
     torch.manual_seed(1)

@@ -15,7 +15,7 @@ from .selection import SPARE_QUESTION
 
 def benchmark_pages(stem: Path, temperatures) -> list[Path]:
     """The files a benchmark run writes: stem.md, stem.json and a chart per temperature."""
-    return ([stem.with_suffix(".md"), stem.with_suffix(".json")]
+    return ([outputs.stem_file(stem, ".md"), outputs.stem_file(stem, ".json")]
             + [stem.with_name(f"{stem.name}_{temperature_tag(t)}.png") for t in temperatures])
 
 
@@ -26,8 +26,8 @@ def write_benchmark(stem: Path, result: dict, tables: dict) -> None:
         entries = report.compare(answer_files, baseline, labels=labels)
         report.bar_chart(entries, stem.with_name(f"{stem.name}_{temperature_tag(t)}.png"), baseline)
         result["temperatures"][temperature_tag(t)] = {"entries": entries}
-    outputs.write_atomically(stem.with_suffix(".json"), json.dumps(result, indent=1))
-    outputs.write_atomically(stem.with_suffix(".md"), benchmark_markdown(result, stem.name))
+    outputs.write_atomically(outputs.stem_file(stem, ".json"), json.dumps(result, indent=1))
+    outputs.write_atomically(outputs.stem_file(stem, ".md"), benchmark_markdown(result, stem.name))
 
 
 def write_sweep(out: Path, name: str, result: dict) -> Path:

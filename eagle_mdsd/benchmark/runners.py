@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from .. import bench, engine, kernels, models, peers
+from .. import bench, engine, kernels, models, peers, tree
 from ..errors import UsageError
 from .plans import METHODS
 
@@ -54,7 +54,9 @@ def benchmark_runners(plan, setups: list[dict], target, tokenizer, draft_head) -
                                             plan.draft_vocab, plan.kernels_choice, plan.cuda_graphs)
                 label = "eagle" if len(setups) == 1 else f"eagle[{tree_name}]"
                 runners[sampled, label] = (method, made[key])
-                made_with[sampled, label] = {"tree": tree_name, "drafter": pair[0], "verifier": pair[1]}
+                digest = tree.file_digest(topology)  # a file's tree, which may be edited under its label
+                made_with[sampled, label] = {"tree": tree_name, **({} if digest is None else {"tree_file": digest}),
+                                             "drafter": pair[0], "verifier": pair[1]}
     return runners, made_with
 
 

@@ -8,6 +8,7 @@ import datetime
 from pathlib import Path
 
 from .. import bench, checkpoint, head, models, questions
+from .. import tree as static_trees
 from ..errors import Interrupted
 from . import answering, pages, records, runners, selection
 from .plans import SweepPlan, sweep_cells
@@ -27,7 +28,7 @@ def sweep(out: Path, answers: Path, plan: SweepPlan = SweepPlan(), command: str 
         target, tokenizer = models.load_target(None, models.parse_dtype(plan.dtype), plan.device)
         draft_head = head.load_head(models.DEFAULT_HEAD, target)
         draft_vocab = head.resolve_draft_vocab(draft_head, plan.draft_vocab)
-        files, row_settings = cell_files(folder, plan, cells, draft_vocab)
+        files, row_settings = cell_files(folder, plan, cells, draft_vocab, topologies)
         timed_on = answering.check_files(folder, files, row_settings, chosen, plan.device)
 
         def make_runner(cell):
@@ -47,14 +48,18 @@ def sweep(out: Path, answers: Path, plan: SweepPlan = SweepPlan(), command: str 
     return pages.write_sweep(out, name, result)
 
 
-def cell_files(folder: Path, plan: SweepPlan, cells: list[tuple], draft_vocab) -> tuple[dict, dict]:
-    """({cell: its answer file}, {cell: the bench.Settings its rows record}) of every cell."""
-    context = answering.base_context(plan.dtype) | {"draft_vocab": draft_vocab,
+def cell_files(folder: Path, plan: SweepPlan, cells: list[tuple], draft_vocab, topologies: dict) -> tuple[dict, dict]:
+    """({cell: its answer file}, {cell: the bench.Settings its rows record}) of every cell.  The files are not
+    named by the bench, so the rows record it: a resumed sweep of another bench is refused."""
+    context = answering.base_context(plan.dtype) | {"bench": plan.bench_name, "draft_vocab": draft_vocab,
                                                      "head": checkpoint.head_checksum(models.DEFAULT_HEAD)}
-    files = {cell: folder / records.file_safe(f"{tree}-{drafter}-{verifier}-{records.temperature_tag(t)}.jsonl")
-             for cell in cells for t, tree, drafter, verifier in [cell]}
-    row_settings = {cell: bench.Settings("eagle", plan.max_new_tokens, t, plan.seed, turns=plan.turns,
-                                         context=tuple((context | {"tree": tree, "drafter": drafter,
-                                                                   "verifier": verifier}).items()))
-                    for cell in cells for t, tree, drafter, verifier in [cell]}
+    files, row_settings = {}, {}
+    for cell in cells:
+        t, name, drafter, verifier = cell
+        digest = static_trees.file_digest(topologies[name])  # a file's tree, which may be edited under its label
+        cell_context = context | {"tree": name, **({} if digest is None else {"tree_file": digest}),
+                                  "drafter": drafter, "verifier": verifier}
+        files[cell] = folder / records.file_safe(f"{name}-{drafter}-{verifier}-{records.temperature_tag(t)}.jsonl")
+        row_settings[cell] = bench.Settings("eagle", plan.max_new_tokens, t, plan.seed, turns=plan.turns,
+                                            context=tuple(cell_context.items()))
     return files, row_settings

@@ -20,6 +20,24 @@ import threading
 # share of a CPU step (docs/training.md).
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
+
+def _check_hub_endpoint() -> None:
+    """HF_ENDPOINT is parsed as huggingface_hub is imported (by the subcommands' imports, before `main`): one
+    that is no URL is a one-line error here, not that import's traceback."""
+    from urllib.parse import urlparse
+
+    endpoint = os.environ.get("HF_ENDPOINT")
+    try:
+        if endpoint:
+            urlparse(endpoint).port
+    except ValueError as error:
+        print(f"eagle-mdsd: error: HF_ENDPOINT {endpoint!r} is no URL ({error}): unset it, or give one such as "
+              f"https://huggingface.co", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+_check_hub_endpoint()
+
 from .. import errors, validate  # noqa: E402
 from . import (acceptance, bench, bench_core, benchmark, check_greedy, generate, pairs, report,  # noqa: E402
                sequoia, study, sweep, train_head)  # (imports torch)

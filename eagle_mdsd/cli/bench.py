@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .. import validate
+from ..errors import UsageError
 from . import options, runners
 
 
@@ -28,7 +30,7 @@ def add_parser(sub) -> None:
 def row_settings(args):
     """The bench.Settings of the command line, with the context its rows record; a bad tree, dtype or head is a
     one-line error here, before any model loads."""
-    from .. import bench, checkpoint, models
+    from .. import bench, checkpoint, models, tree
     from ..benchmark import plans
 
     context = {"dtype": str(models.parse_dtype(args.dtype)).removeprefix("torch."),
@@ -40,8 +42,10 @@ def row_settings(args):
         context["questions"] = Path(args.bench).name
     if args.method == "eagle":
         spec = args.ea_model or models.DEFAULT_HEAD
-        context |= {"tree": plans.tree_label(runners.topology(args)), "drafter": args.scheme,
-                    "verifier": args.verifier, "draft_vocab": args.draft_vocab,
+        topology = runners.topology(args)
+        digest = tree.file_digest(topology)  # a file's tree, which may be edited under its label
+        context |= {"tree": plans.tree_label(topology), **({} if digest is None else {"tree_file": digest}),
+                    "drafter": args.scheme, "verifier": args.verifier, "draft_vocab": args.draft_vocab,
                     "head": f"random:{args.seed}" if spec == "random" else
                     checkpoint.head_checksum(checkpoint.head_folder(str(spec)))}
     return bench.Settings(args.method, args.max_new_tokens, args.temperature, args.seed, args.profile, args.turns,
@@ -53,6 +57,9 @@ def run(args) -> None:
 
     from .. import bench, locks, models, questions, report
 
+    if args.model_id is not None and not (args.model_id.strip() and validate.is_cell_text(args.model_id)):
+        raise UsageError(f"--model-id {args.model_id!r}: a report names the answers' row by it: no blank one, no "
+                         f"'|' and no line break")
     chosen = questions.select(args.bench, args.question_begin, args.question_end)
     # One process unless started by `accelerate launch` (GPUs) or `torchrun` (CPU processes, gloo).
     state = PartialState(cpu=args.device == "cpu")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
-from .. import models, validate
+from .. import models, outputs, validate
 from ..benchmark import plans, run as benchmark_run
 from . import options
 
@@ -90,5 +90,5 @@ def run(args) -> None:
     if result is None:
         return
     stem = Path(args.out) / result["name"]
-    print(stem.with_suffix(".md").read_text())
+    print(outputs.stem_file(stem, ".md").read_text())
     print(f"wrote {stem}.md, .json and the charts")

@@ -208,7 +208,10 @@ def run_export(args) -> None:
 
 
 def run_all(args) -> None:
+    from .. import training
+
     data_recipe, train_recipe = _data_recipe(args), _train_recipe(args)  # both checked before the data stage runs
+    training.check_before_data(train_recipe, args.base_model)
     _make_data(args, data_recipe)
     _train(args, train_recipe)
     run_export(args)

@@ -19,12 +19,12 @@ from .evaluation import (GUARD_PROMPTS, _prompt_data, depth1_scores, evaluate, g
 from .exporting import export
 from .loss import TOKEN_LOSSES, draft_vocab_lm_head, head_loss, unrolled_predictions
 from .prompts import DEFAULT_PROMPTS, _normalise, benchmark_texts, load_prompts, self_prompts, user_turn_prefix
-from .trainer import (FORMATS, TrainRecipe, check_resumable, learning_rate, new_eagle3_head, schedule_position,
-                      train)
+from .trainer import (FORMATS, TrainRecipe, check_before_data, check_resumable, learning_rate, new_eagle3_head,
+                      schedule_position, train)
 
 __all__ = ["DEFAULT_PROMPTS", "FORMATS", "GUARD_PROMPTS", "TOKEN_LOSSES", "DataRecipe", "FeatureTargets",
-           "TrainRecipe", "benchmark_texts", "check_data_record", "check_resumable", "data_shards",
-           "depth1_scores", "draft_vocab_lm_head", "evaluate", "export", "guard_tau", "head_loss",
+           "TrainRecipe", "benchmark_texts", "check_before_data", "check_data_record", "check_resumable",
+           "data_shards", "depth1_scores", "draft_vocab_lm_head", "evaluate", "export", "guard_tau", "head_loss",
            "held_out_prompts", "learning_rate", "load_prompts", "make_data", "new_eagle3_head", "rank_tokens",
            "schedule_position", "self_prompts", "target_features", "teacher_forced", "train",
            "unrolled_predictions", "user_turn_prefix"]

@@ -122,16 +122,22 @@ def check_resumable(checkpoint: Path, saved_state: dict, recipe: TrainRecipe) ->
                              f"{_option_text(value)}: pass the same to resume it, or use another --run")
 
 
+def _init_source(source: Path) -> str:
+    """What --init-from names: 'run' (a training run's checkpoint.pt) or 'head' (a head folder's config.json)."""
+    if (source / "checkpoint.pt").exists():
+        return "run"
+    if (source / "config.json").exists():
+        return "head"
+    raise MissingFile(f"--init-from {source}: neither a run with checkpoint.pt nor a head folder with config.json")
+
+
 def _trained_weights(source: Path, target) -> dict:
     """A head's weights from a training run (its checkpoint) or an exported head folder."""
-    if (source / "checkpoint.pt").exists():
+    if _init_source(source) == "run":
         return load_saved(source / "checkpoint.pt", "--init-from checkpoint", "give another --init-from",
                           weights_only=False)["head"]
-    if (source / "config.json").exists():
-        return {k: v.float() if v.is_floating_point() else v
-                for k, v in head_module.load_head(str(source), target).state_dict().items()}
-    raise MissingFile(f"--init-from {source}: neither a run with checkpoint.pt nor a head folder "
-                            f"with config.json")
+    return {k: v.float() if v.is_floating_point() else v
+            for k, v in head_module.load_head(str(source), target).state_dict().items()}
 
 
 def new_eagle3_head(target, rows: torch.Tensor, seed: int = 0) -> eagle3.Eagle3Head:
@@ -154,9 +160,6 @@ def _start_head(target, rows: torch.Tensor, recipe: TrainRecipe):
     if recipe.format == "eagle3":
         draft_head = new_eagle3_head(target, rows, recipe.seed).train()
         layers = draft_head.feature_layers
-        if max(layers) > target.config.num_hidden_layers or min(layers) < 1:
-            raise UsageError(f"--format eagle3 reads the target's layers {layers}; the base model has "
-                             f"{target.config.num_hidden_layers}: EAGLE-3 needs a target of 4 layers or more")
     else:
         draft_head = head_module.random_head(target, recipe.seed).float().train()
     if recipe.init_from:
@@ -182,6 +185,33 @@ def _epochs(shards: list[Path], recipe: TrainRecipe, state: dict):
         state["batch_in_epoch"] = 0
 
 
+def check_before_data(recipe: TrainRecipe, base_model=None) -> None:
+    """What `train` would refuse of `recipe` without reading the run's data, checked before a data stage that
+    runs first (`train-head all`; hours at its defaults): the runs it also trains on, the head it starts from,
+    and what the target's config allows."""
+    for run in map(Path, recipe.data_from):
+        if not any((run / "data").glob("shard_*.pt")):
+            raise MissingFile(f"no data shards in {run / 'data'}: run the data stage there first")
+    if recipe.init_from:
+        _init_source(Path(recipe.init_from))
+    config = models.target_config(base_model)
+    if config is not None:
+        check_target_fit(recipe, config)
+
+
+def check_target_fit(recipe: TrainRecipe, config) -> None:
+    """One-line error unless the target of `config` takes the recipe's draft vocabulary and, for EAGLE-3, has
+    the layers the head reads."""
+    vocab, layers = config.vocab_size, config.num_hidden_layers
+    if recipe.draft_vocab is not None and recipe.draft_vocab > vocab:
+        raise UsageError(f"--draft-vocab {recipe.draft_vocab} is more than the target's vocabulary of {vocab} tokens: "
+                         f"pass at most {vocab}, or 'full'")
+    read = eagle3.feature_layers(layers)
+    if recipe.format == "eagle3" and not (min(read) >= 1 and max(read) <= layers):
+        raise UsageError(f"--format eagle3 reads the target's layers {read}; the base model has {layers}: EAGLE-3 "
+                         f"needs a target of 4 layers or more")
+
+
 def train(out_dir: Path, recipe: TrainRecipe = TrainRecipe(), base_model=None, device: str = "cpu",
           max_minutes: float | None = None, save_every: int = 100, schedule_minutes: float | None = None) -> dict:
     """Train (or resume) the run's head by `recipe`; checkpoints every `save_every` steps and when `max_minutes`
@@ -193,6 +223,7 @@ def train(out_dir: Path, recipe: TrainRecipe = TrainRecipe(), base_model=None, d
     out_dir.mkdir(parents=True, exist_ok=True)
     target, _ = models.load_target(base_model, torch.float32, device)
     target.requires_grad_(False)
+    check_target_fit(recipe, target.config)
     rows, lm_head = _draft_rows(target, shards, recipe, device)
     draft_head, layers = _start_head(target, rows, recipe)
     checkpoint = out_dir / "checkpoint.pt"
@@ -244,9 +275,6 @@ def _draft_rows(target, shards: list[Path], recipe: TrainRecipe, device: str):
     """(the vocabulary rows the head drafts over, the output layer over them): every row, or with
     recipe.draft_vocab the most frequent answer tokens of the data's shards."""
     lm_head, vocab = target.get_output_embeddings(), target.config.vocab_size
-    if recipe.draft_vocab is not None and recipe.draft_vocab > vocab:
-        raise UsageError(f"--draft-vocab {recipe.draft_vocab} is more than the target's vocabulary of {vocab} tokens: "
-                         f"pass at most {vocab}, or 'full'")
     rows = torch.arange(vocab, device=device)
     if recipe.draft_vocab is not None and recipe.draft_vocab < vocab:
         rows = torch.tensor(sorted(rank_tokens(shards, target.config.vocab_size)[: recipe.draft_vocab]),
