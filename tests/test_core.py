@@ -171,11 +171,18 @@ def test_prefix_probabilities_hold_when_one_token_holds_nearly_all_of_q(tail):
 CHI_SQUARE_P_VALUE = 1e-3  # fixed seeds: a correct sampler fails with probability 0.1% per test
 
 
+# q without ties; with a tie at the top and zeros (where a sampler's tie rule or fill can part from the
+# probabilities the verifiers are proved with); one-hot.
+SAMPLED_Q = {"distinct": [0.35, 0.25, 0.2, 0.15, 0.05], "tied": [0.4, 0.4, 0.2, 0.0, 0.0],
+             "one-hot": [0.0, 1.0, 0.0, 0.0, 0.0]}
+
+
+@pytest.mark.parametrize("q", SAMPLED_Q)
 @pytest.mark.parametrize("scheme", drafting.names())
-def test_scheme_samples_follow_probability(scheme):
+def test_scheme_samples_follow_probability(scheme, q):
     scheme = drafting.get(scheme)
     gen = torch.Generator().manual_seed(7)
-    q = torch.tensor([0.35, 0.25, 0.2, 0.15, 0.05], dtype=torch.float64)
+    q = torch.tensor(SAMPLED_Q[q], dtype=torch.float64)
     n = 2 if scheme.name == "spechub" else 3
     draws = scheme.sample_batch(q.expand(40000, -1), n, gen)
     tuples = all_tuples(len(q), n)

@@ -84,13 +84,23 @@ def test_replayed_cycles_are_greedy_over_longer_answers(target_and_head, spec):
     assert len(device.cycles) == 1
 
 
-def test_a_token_budget_inside_a_path_cuts_the_device_cycle_there(target_and_head):
-    # The loop queues a cycle ahead only where the budget cannot end the call; any budget gives the prefix.
+@pytest.mark.parametrize("spec", ["eagle2", OPT_TREE, "eagle_default+lookup", OPT_TREE + "+lookup4", "eagle2+lookup4"])
+@pytest.mark.parametrize("cuda_graphs", ["off", "emulate"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_token_budget_inside_a_path_cuts_the_cycle_there(target_and_head, spec, cuda_graphs, temperature):
+    # Any budget gives the prefix of a longer call of the same seed, whatever tree the cycle grows or grafts (the
+    # loop queues a cycle ahead only where the budget cannot end the call); a call that fills the context to the
+    # last entry fits.  The prompt repeats itself, so that lookup proposes.
     target, draft_head = target_and_head
-    device = engine.Decoder(target, draft_head, tree_specs.load("eagle2", "cuda"), cuda_graphs="emulate")
-    full = device.generate(PROMPT, TOKENS, 0.0).token_ids
-    for tokens in (1, 2, 3, 7, 11):
-        assert device.generate(PROMPT, tokens, 0.0).token_ids == full[:tokens]
+    prompt = [1, 2, 3, 0, 1, 2, 3, 0]
+    decoder = engine.Decoder(target, draft_head, tree_specs.load(spec, "cuda"), cuda_graphs=cuda_graphs)
+    full = decoder.generate(prompt, 30, temperature, seed=4)
+    assert len(full.token_ids) == 30 and max(full.accept_lengths) > 1
+    for tokens in (1, 2, 3, 5, 7, 11, 17):
+        cut = decoder.generate(prompt, tokens, temperature, seed=4)
+        assert cut.token_ids == full.token_ids[:tokens] and cut.new_tokens == tokens
+    room = target.config.max_position_embeddings - len(prompt) - decoder.tree.max_depth
+    assert len(decoder.generate(prompt, room, temperature, seed=1).token_ids) == room
 
 
 # Every tree kind, at T = 0 and at T = 1 with a sampled pair: through graphs.Checked, whose replays must do what

@@ -101,6 +101,21 @@ def test_first_three_tokens_follow_the_target_exactly(tiny, scheme, verifier, tr
     assert chi_square_p_value(empirical_first_three(decoder, 1.0), exact) > P_VALUE
 
 
+# Away from T = 1, where a temperature applied twice (T^2) would pass unseen.
+OTHER_TEMPERATURES = [("without_replacement", "rrs_wo", "wide", 0.5), ("with_replacement", "kseq", "wide", 2.0),
+                      ("greedy", "greedy", "binary2", 0.5)]
+
+
+@pytest.mark.parametrize("scheme, verifier, tree_name, temperature", OTHER_TEMPERATURES,
+                         ids=[f"{s}-{v}-{t}-T{x:g}" for s, v, t, x in OTHER_TEMPERATURES])
+def test_first_three_tokens_follow_the_target_exactly_at_other_temperatures(tiny, scheme, verifier, tree_name,
+                                                                              temperature):
+    target, draft_head = tiny
+    decoder = engine.Decoder(target, draft_head, tree.compile_tree(TREES[tree_name], tree_name), scheme, verifier)
+    exact = exact_first_three(target, temperature)
+    assert chi_square_p_value(empirical_first_three(decoder, temperature), exact) > P_VALUE
+
+
 # The reduced vocabulary changes the draft phase (what q is, the fill), which the verifiers of a scheme share;
 # a q with zeros is verified exactly by every pair (test_core.py's enumeration).
 REDUCED = [("with_replacement", "rrs_w", "wide"), ("without_replacement", "rrs_wo", "wide"),
