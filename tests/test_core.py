@@ -9,7 +9,7 @@ import pytest
 import torch
 from scipy import stats
 
-from eagle_mdsd import drafting, theory, verification
+from eagle_mdsd import drafting, engine, theory, verification
 from eagle_mdsd.verification import RecursiveRejection, _mix, _positive_part_normalised, _ratio, _take
 
 from instances import SkipsDuplicateUpdate, all_tuples, instance, mixture
@@ -287,6 +287,15 @@ def test_top_tokens_matches_a_stable_sort_on_coarse_values():
     for k in (1, 2, 4, 7):
         reference = torch.sort(q, dim=-1, descending=True, stable=True).indices[..., :k]
         assert torch.equal(drafting.top_tokens(q, k), reference)
+
+
+def test_every_pair_not_declared_lossless_is_refused_before_the_engine_decodes():
+    declared = set(verification.pairs())
+    refused = [(s, v) for s in drafting.names() for v in verification.names() if (s, v) not in declared]
+    assert len(declared) == 10 and len(refused) == 20
+    for pair in refused:  # the decoder checks its pair first, before it reads the target
+        with pytest.raises(ValueError, match=f"verifier '{pair[1]}' is not lossless for '{pair[0]}' drafts"):
+            engine.Decoder(None, None, None, *pair)
 
 
 def test_names_and_pairs_fail_with_one_line_errors():
