@@ -114,7 +114,9 @@ SAMPLED = [("without_replacement", "rrs_wo", "wide"), ("with_replacement", "kseq
            ("greedy", "greedy", "wide"), ("without_replacement", "rrs_wo", "chain1"),
            ("topk", "topk", "eagle2:total_tokens=5,depth=2,top_k=2"), ("with_replacement", "rrs_w", "wide"),
            ("with_replacement", "topk", "wide"), ("without_replacement", "topk", "wide"), ("greedy", "topk", "wide"),
-           ("spechub", "spechub", "binary2"), ("spechub", "topk", "eagle2:total_tokens=5,depth=2,top_k=2")]
+           ("spechub", "spechub", "binary2"), ("spechub", "topk", "eagle2:total_tokens=5,depth=2,top_k=2"),
+           ("topk", "topk", "wide"), ("without_replacement", "rrs_wo", "eagle2:total_tokens=5,depth=2,top_k=2"),
+           ("topk", "topk", "opt_tree:nodes=4,threshold=0.1,max_depth=2,top_k=2")]
 assert {case[:2] for case in SAMPLED} == set(verification.pairs())
 
 
