@@ -169,20 +169,27 @@ def check_device(device: str) -> None:
                          f"from 0: give cuda:N with N below that")
 
 
+def _source(spec: str | None) -> tuple:
+    """(what from_pretrained reads, its keyword arguments) of a target spec: the embedded model's converted folder,
+    a .gguf file's folder and name, or a local folder or hub id (only the hub's cache when the hub is out of reach)."""
+    if spec in (None, EMBEDDED):
+        return _embedded_folder(), {}
+    if str(spec).endswith(".gguf"):
+        path = Path(spec)
+        if not path.exists():
+            raise MissingFile(f"GGUF file {spec} does not exist: give the path of a .gguf file")
+        return path.parent, {"gguf_file": path.name}
+    if is_hub_id(str(spec)) and hub_offline():
+        return spec, {"local_files_only": True}  # a copy in the hub's cache still loads
+    return spec, {}
+
+
 def target_config(spec: str | None = None):
     """The config of the target `load_target(spec)` loads, read without its weights; None where it cannot be read
     (then load_target names the fault when the model loads)."""
     from transformers import AutoConfig
 
-    kwargs = {}
-    if spec in (None, EMBEDDED):
-        source = _embedded_folder()
-    elif str(spec).endswith(".gguf"):
-        source, kwargs = Path(spec).parent, {"gguf_file": Path(spec).name}
-    else:
-        source = spec
-        if is_hub_id(str(spec)) and hub_offline():
-            kwargs["local_files_only"] = True
+    source, kwargs = _source(spec)
     try:
         return AutoConfig.from_pretrained(source, **kwargs)
     except Exception:  # (any of the files' or the hub's faults: load_target's to name)
@@ -197,18 +204,7 @@ def load_target(spec: str | None = None, dtype: torch.dtype = torch.float32, dev
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     check_device(device)
-    kwargs = {}
-    if spec in (None, EMBEDDED):
-        source = _embedded_folder()
-    elif str(spec).endswith(".gguf"):
-        path = Path(spec)
-        if not path.exists():
-            raise MissingFile(f"GGUF file {spec} does not exist: give the path of a .gguf file")
-        source, kwargs = path.parent, {"gguf_file": path.name}
-    else:
-        source = spec
-        if is_hub_id(str(spec)) and hub_offline():
-            kwargs["local_files_only"] = True  # a copy in the hub's cache still loads
+    source, kwargs = _source(spec)
     try:
         if device == "auto":  # spread a large target over the visible GPUs (and CPU) with accelerate
             model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, device_map="auto", **kwargs).eval()

@@ -176,15 +176,15 @@ def load(spec: str) -> Tree:
     return compile_tree(paths, name)
 
 
-def file_digest(topology) -> str | None:
-    """A digest of a tree's paths where they come from a user's file (a path, or tree_configs/NAME.json under the
-    working directory), which may be edited between two runs under one label, so that answer rows record it;
-    None for a built-in tree (shipped, chainN, dynamic)."""
+def file_record(topology) -> dict:
+    """What an answer row records of a tree beside its label: {"tree_file": a digest of its paths} where they come
+    from a user's file (a path, or tree_configs/NAME.json under the working directory), which may be edited between
+    two runs under one label; nothing for a built-in tree (shipped, chainN, dynamic)."""
     tree = getattr(topology, "base", topology)
     if not isinstance(tree, Tree) or (SHIPPED_TREES / f"{tree.name}.json").is_file() or re.fullmatch(
             r"chain[1-9][0-9]*", tree.name):
-        return None
-    return hashlib.sha256(json.dumps(tree.paths).encode()).hexdigest()[:16]
+        return {}
+    return {"tree_file": hashlib.sha256(json.dumps(tree.paths).encode()).hexdigest()[:16]}
 
 
 def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -54,9 +54,8 @@ def benchmark_runners(plan, setups: list[dict], target, tokenizer, draft_head) -
                                             plan.draft_vocab, plan.kernels_choice, plan.cuda_graphs)
                 label = "eagle" if len(setups) == 1 else f"eagle[{tree_name}]"
                 runners[sampled, label] = (method, made[key])
-                digest = tree.file_digest(topology)  # a file's tree, which may be edited under its label
-                made_with[sampled, label] = {"tree": tree_name, **({} if digest is None else {"tree_file": digest}),
-                                             "drafter": pair[0], "verifier": pair[1]}
+                made_with[sampled, label] = {"tree": tree_name, **tree.file_record(topology), "drafter": pair[0],
+                                             "verifier": pair[1]}
     return runners, made_with
 
 

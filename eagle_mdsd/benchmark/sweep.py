@@ -56,9 +56,8 @@ def cell_files(folder: Path, plan: SweepPlan, cells: list[tuple], draft_vocab, t
     files, row_settings = {}, {}
     for cell in cells:
         t, name, drafter, verifier = cell
-        digest = static_trees.file_digest(topologies[name])  # a file's tree, which may be edited under its label
-        cell_context = context | {"tree": name, **({} if digest is None else {"tree_file": digest}),
-                                  "drafter": drafter, "verifier": verifier}
+        cell_context = context | {"tree": name, **static_trees.file_record(topologies[name]), "drafter": drafter,
+                                  "verifier": verifier}
         files[cell] = folder / records.file_safe(f"{name}-{drafter}-{verifier}-{records.temperature_tag(t)}.jsonl")
         row_settings[cell] = bench.Settings("eagle", plan.max_new_tokens, t, plan.seed, turns=plan.turns,
                                             context=tuple(cell_context.items()))

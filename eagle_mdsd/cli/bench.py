@@ -43,9 +43,8 @@ def row_settings(args):
     if args.method == "eagle":
         spec = args.ea_model or models.DEFAULT_HEAD
         topology = runners.topology(args)
-        digest = tree.file_digest(topology)  # a file's tree, which may be edited under its label
-        context |= {"tree": plans.tree_label(topology), **({} if digest is None else {"tree_file": digest}),
-                    "drafter": args.scheme, "verifier": args.verifier, "draft_vocab": args.draft_vocab,
+        context |= {"tree": plans.tree_label(topology), **tree.file_record(topology), "drafter": args.scheme,
+                    "verifier": args.verifier, "draft_vocab": args.draft_vocab,
                     "head": f"random:{args.seed}" if spec == "random" else
                     checkpoint.head_checksum(checkpoint.head_folder(str(spec)))}
     return bench.Settings(args.method, args.max_new_tokens, args.temperature, args.seed, args.profile, args.turns,

@@ -189,9 +189,8 @@ def check_before_data(recipe: TrainRecipe, base_model=None) -> None:
     """What `train` would refuse of `recipe` without reading the run's data, checked before a data stage that
     runs first (`train-head all`; hours at its defaults): the runs it also trains on, the head it starts from,
     and what the target's config allows."""
-    for run in map(Path, recipe.data_from):
-        if not any((run / "data").glob("shard_*.pt")):
-            raise MissingFile(f"no data shards in {run / 'data'}: run the data stage there first")
+    for run in recipe.data_from:
+        data_shards(Path(run))
     if recipe.init_from:
         _init_source(Path(recipe.init_from))
     config = models.target_config(base_model)
